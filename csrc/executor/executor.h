@@ -1,0 +1,87 @@
+// Compile cache (memory, then disk), execution, metrics. No torch headers.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+#include "runtime/pjrt_runtime.h"
+
+namespace torch_pjrt::executor {
+
+struct Metrics {
+  std::atomic<int64_t> compiles{0};
+  std::atomic<int64_t> compile_ns{0};
+  std::atomic<int64_t> memory_cache_hits{0};
+  std::atomic<int64_t> disk_cache_hits{0};
+  std::atomic<int64_t> disk_cache_rejects{0};  // corrupt, truncated or mismatched entries
+  std::atomic<int64_t> executions{0};
+  std::atomic<int64_t> host_syncs{0};
+  std::atomic<int64_t> host_to_device_bytes{0};
+  std::atomic<int64_t> device_to_host_bytes{0};
+  std::mutex mu;
+  std::map<std::string, int64_t> fallbacks;  // op name -> calls run on the CPU
+  std::map<std::string, int64_t> compiles_by_op;  // op name -> compiles (explains recompiles)
+  void reset();
+};
+
+Metrics& metrics();
+
+runtime::ElementType to_pjrt(ir::DType dtype);
+ir::DType from_pjrt(runtime::ElementType type);
+
+// Disk tier: one file per executable, written atomically (tmp + rename), with a
+// header that is checked before the payload is trusted.
+class DiskCache {
+ public:
+  explicit DiskCache(std::string dir) : dir_(std::move(dir)) {}
+  bool enabled() const { return !dir_.empty(); }
+  const std::string& dir() const { return dir_; }
+  // Returns false when absent; corrupt entries count as absent (and are reported).
+  bool load(const std::string& key, std::string* payload) const;
+  void store(const std::string& key, const std::string& payload) const;
+  std::string path_for(const std::string& key) const;
+
+ private:
+  std::string dir_;
+};
+
+// Identifies the host CPU's instruction set (CPU executables hold machine code).
+std::string host_cpu_features();
+
+class Runtime {
+ public:
+  Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
+          std::string cache_dir);
+  ~Runtime();
+
+  runtime::Client& client() { return *client_; }
+  const runtime::Device& device(int index) const;
+  int device_count() const { return static_cast<int>(client_->devices().size()); }
+
+  // Compiles (or finds) the executable for `mlir`. `op` names the requester in metrics.
+  std::shared_ptr<runtime::LoadedExecutable> get_executable(const std::string& mlir,
+                                                           const std::string& op);
+  // Identity of plugin + version + compile options + CPU: part of every disk key.
+  const std::string& identity() const { return identity_; }
+  DiskCache& disk_cache() { return disk_; }
+  void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir); }
+  size_t memory_cache_size();
+  void clear_memory_cache();
+
+ private:
+  std::unique_ptr<runtime::Client> client_;
+  std::string identity_;
+  DiskCache disk_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::shared_ptr<runtime::LoadedExecutable>> memory_;
+};
+
+std::string hex64(uint64_t v);
+
+}  // namespace torch_pjrt::executor

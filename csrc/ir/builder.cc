@@ -1,0 +1,370 @@
+#include "ir/builder.h"
+
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace torch_pjrt::ir {
+
+std::string i64_array(const std::vector<int64_t>& v) {
+  if (v.empty()) return "array<i64>";
+  std::string s = "array<i64: ";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + ">";
+}
+
+std::string int_list(const std::vector<int64_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+std::vector<int64_t> broadcast_shapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+  size_t n = std::max(a.size(), b.size());
+  std::vector<int64_t> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t da = i < n - a.size() ? 1 : a[i - (n - a.size())];
+    int64_t db = i < n - b.size() ? 1 : b[i - (n - b.size())];
+    if (da != db && da != 1 && db != 1) {
+      throw std::invalid_argument("shapes cannot be broadcast together");
+    }
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+namespace {
+std::string float_literal(DType dtype, double value) {
+  std::ostringstream os;
+  os << "0x" << std::hex << std::uppercase;
+  if (dtype == DType::F64) {
+    uint64_t bits;
+    std::memcpy(&bits, &value, 8);
+    os.width(16);
+    os.fill('0');
+    os << bits;
+  } else {
+    float f = static_cast<float>(value);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    os.width(8);
+    os.fill('0');
+    os << bits;
+  }
+  return os.str();
+}
+}  // namespace
+
+Value Builder::constant(DType dtype, double value, const std::vector<int64_t>& dims) {
+  if (!is_floating(dtype)) {
+    if (dtype == DType::Pred) return constant_int(dtype, value != 0.0, dims);
+    return constant_int(dtype, static_cast<int64_t>(value), dims);
+  }
+  if (dtype == DType::F16 || dtype == DType::BF16) {
+    // Build in f32 and convert: XLA folds it and rounds as torch does (RNE).
+    return convert(constant(DType::F32, value, dims), dtype);
+  }
+  Type t{dtype, dims};
+  return g_.add("stablehlo.constant", {}, t,
+                "value = dense<" + float_literal(dtype, value) + "> : " + t.str());
+}
+
+Value Builder::constant_int(DType dtype, int64_t value, const std::vector<int64_t>& dims) {
+  if (is_floating(dtype)) return constant(dtype, static_cast<double>(value), dims);
+  Type t{dtype, dims};
+  std::string lit;
+  if (dtype == DType::Pred) {
+    lit = value ? "true" : "false";
+  } else if (dtype == DType::U64) {
+    lit = std::to_string(static_cast<uint64_t>(value));
+  } else {
+    lit = std::to_string(value);
+  }
+  return g_.add("stablehlo.constant", {}, t, "value = dense<" + lit + "> : " + t.str());
+}
+
+Value Builder::iota(DType dtype, const std::vector<int64_t>& dims, int64_t dim) {
+  return g_.add("stablehlo.iota", {}, Type{dtype, dims}, "iota_dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::convert(Value v, DType dtype) {
+  if (this->dtype(v) == dtype) return v;
+  if (dtype == DType::Pred) {
+    // Non-zero is true, as in torch (a plain convert would do the same, but be explicit).
+    return compare(v, scalar_like(v, 0), "NE");
+  }
+  return g_.add("stablehlo.convert", {v}, Type{dtype, dims(v)});
+}
+
+Value Builder::bitcast_flat(Value flat, DType dtype) {
+  DType from = this->dtype(flat);
+  if (from == dtype) return flat;
+  if (from == DType::Pred || dtype == DType::Pred) {
+    // i1 has no bit pattern in XLA; bool <-> uint8/int8 reinterpret as 0/1.
+    if (dtype == DType::Pred) return convert(flat, dtype);
+    return convert(convert(flat, DType::U8), dtype);
+  }
+  size_t fs = dtype_size(from), ts = dtype_size(dtype);
+  int64_t n = dims(flat)[0];
+  if (fs == ts) return g_.add("stablehlo.bitcast_convert", {flat}, Type{dtype, {n}});
+  if (fs > ts) {
+    int64_t k = static_cast<int64_t>(fs / ts);
+    Value v = g_.add("stablehlo.bitcast_convert", {flat}, Type{dtype, {n, k}});
+    return reshape(v, {n * k});
+  }
+  int64_t k = static_cast<int64_t>(ts / fs);
+  Value v = reshape(flat, {n / k, k});
+  return g_.add("stablehlo.bitcast_convert", {v}, Type{dtype, {n / k}});
+}
+
+Value Builder::reshape(Value v, const std::vector<int64_t>& dims) {
+  if (this->dims(v) == dims) return v;
+  return g_.add("stablehlo.reshape", {v}, Type{dtype(v), dims});
+}
+
+Value Builder::broadcast_in_dim(Value v, const std::vector<int64_t>& dims,
+                                const std::vector<int64_t>& mapping) {
+  return g_.add("stablehlo.broadcast_in_dim", {v}, Type{dtype(v), dims},
+                "broadcast_dimensions = " + i64_array(mapping));
+}
+
+Value Builder::broadcast_to(Value v, const std::vector<int64_t>& dims) {
+  const auto& src = this->dims(v);
+  if (src == dims) return v;
+  if (src.size() > dims.size()) throw std::invalid_argument("broadcast_to: rank too large");
+  std::vector<int64_t> mapping;
+  size_t off = dims.size() - src.size();
+  for (size_t i = 0; i < src.size(); ++i) {
+    if (src[i] != 1 && src[i] != dims[off + i]) throw std::invalid_argument("broadcast_to: bad shape");
+    mapping.push_back(static_cast<int64_t>(off + i));
+  }
+  return broadcast_in_dim(v, dims, mapping);
+}
+
+Value Builder::transpose(Value v, const std::vector<int64_t>& perm) {
+  bool identity = true;
+  for (size_t i = 0; i < perm.size(); ++i) identity &= perm[i] == static_cast<int64_t>(i);
+  if (identity) return v;
+  std::vector<int64_t> out;
+  for (int64_t p : perm) out.push_back(dims(v)[p]);
+  return g_.add("stablehlo.transpose", {v}, Type{dtype(v), out}, "permutation = " + i64_array(perm));
+}
+
+Value Builder::slice(Value v, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+                     const std::vector<int64_t>& strides) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < start.size(); ++i) {
+    out.push_back(std::max<int64_t>(0, (limit[i] - start[i] + strides[i] - 1) / strides[i]));
+  }
+  if (out == dims(v)) return v;
+  return g_.add("stablehlo.slice", {v}, Type{dtype(v), out},
+                "start_indices = " + i64_array(start) + ", limit_indices = " + i64_array(limit) +
+                    ", strides = " + i64_array(strides));
+}
+
+Value Builder::slice_dim(Value v, int64_t dim, int64_t start, int64_t limit, int64_t step) {
+  std::vector<int64_t> s(dims(v).size(), 0), l = dims(v), st(dims(v).size(), 1);
+  s[dim] = start;
+  l[dim] = limit;
+  st[dim] = step;
+  return slice(v, s, l, st);
+}
+
+Value Builder::dynamic_slice(Value v, const std::vector<Value>& starts,
+                             const std::vector<int64_t>& sizes) {
+  std::vector<Value> operands{v};
+  operands.insert(operands.end(), starts.begin(), starts.end());
+  return g_.add("stablehlo.dynamic_slice", operands, Type{dtype(v), sizes},
+                "slice_sizes = " + i64_array(sizes));
+}
+
+Value Builder::dynamic_update_slice(Value v, Value update, const std::vector<Value>& starts) {
+  std::vector<Value> operands{v, update};
+  operands.insert(operands.end(), starts.begin(), starts.end());
+  return g_.add("stablehlo.dynamic_update_slice", operands, type(v));
+}
+
+Value Builder::concatenate(const std::vector<Value>& vs, int64_t dim) {
+  if (vs.size() == 1) return vs[0];
+  std::vector<int64_t> out = dims(vs[0]);
+  out[dim] = 0;
+  for (Value v : vs) out[dim] += dims(v)[dim];
+  return g_.add("stablehlo.concatenate", vs, Type{dtype(vs[0]), out},
+                "dimension = " + std::to_string(dim) + " : i64");
+}
+
+Value Builder::pad(Value v, Value pad_value, const std::vector<int64_t>& low,
+                   const std::vector<int64_t>& high, const std::vector<int64_t>& interior) {
+  std::vector<int64_t> out = dims(v);
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = low[i] + high[i] + out[i] + std::max<int64_t>(0, out[i] - 1) * interior[i];
+  }
+  return g_.add("stablehlo.pad", {v, pad_value}, Type{dtype(v), out},
+                "edge_padding_low = " + i64_array(low) + ", edge_padding_high = " + i64_array(high) +
+                    ", interior_padding = " + i64_array(interior));
+}
+
+Value Builder::reverse(Value v, const std::vector<int64_t>& rdims) {
+  if (rdims.empty()) return v;
+  return g_.add("stablehlo.reverse", {v}, type(v), "dimensions = " + i64_array(rdims));
+}
+
+Value Builder::unary(const std::string& op, Value v) {
+  return g_.add("stablehlo." + op, {v}, type(v));
+}
+
+Value Builder::binary(const std::string& op, Value a, Value b) {
+  if (!(type(a) == type(b))) {
+    throw std::invalid_argument("ir: " + op + " operands differ: " + type(a).str() + " vs " + type(b).str());
+  }
+  std::string name = op.rfind("stablehlo.", 0) == 0 ? op : "stablehlo." + op;
+  return g_.add(name, {a, b}, type(a));
+}
+
+Value Builder::compare(Value a, Value b, const std::string& direction) {
+  std::string attrs = "comparison_direction = #stablehlo<comparison_direction " + direction + ">";
+  return g_.add("stablehlo.compare", {a, b}, Type{DType::Pred, dims(a)}, attrs);
+}
+
+Value Builder::select(Value pred, Value on_true, Value on_false) {
+  return g_.add("stablehlo.select", {pred, on_true, on_false}, type(on_true));
+}
+
+Value Builder::clamp(Value lo, Value v, Value hi) {
+  return g_.add("stablehlo.clamp", {lo, v, hi}, type(v));
+}
+
+Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
+                           const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
+                           const std::vector<int64_t>& rc, DType result) {
+  // Result dims: batch, lhs free, rhs free.
+  std::vector<int64_t> out;
+  for (int64_t d : lb) out.push_back(dims(a)[d]);
+  auto contains = [](const std::vector<int64_t>& v, int64_t x) {
+    for (int64_t y : v) if (y == x) return true;
+    return false;
+  };
+  for (int64_t d = 0; d < type(a).rank(); ++d)
+    if (!contains(lb, d) && !contains(lc, d)) out.push_back(dims(a)[d]);
+  for (int64_t d = 0; d < type(b).rank(); ++d)
+    if (!contains(rb, d) && !contains(rc, d)) out.push_back(dims(b)[d]);
+  std::string dn = "dot_dimension_numbers = #stablehlo.dot<";
+  std::vector<std::string> parts;
+  if (!lb.empty()) parts.push_back("lhs_batching_dimensions = " + int_list(lb));
+  if (!rb.empty()) parts.push_back("rhs_batching_dimensions = " + int_list(rb));
+  parts.push_back("lhs_contracting_dimensions = " + int_list(lc));
+  parts.push_back("rhs_contracting_dimensions = " + int_list(rc));
+  for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+  dn += ">";
+  return g_.add("stablehlo.dot_general", {a, b}, Type{result, out}, dn);
+}
+
+std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                   const std::vector<int64_t>& rdims, const ReduceBody& body) {
+  auto region = std::make_shared<Graph>();
+  Builder rb(*region);
+  std::vector<Value> lhs, rhs;
+  for (Value v : inputs) lhs.push_back(region->param(Type{dtype(v), {}}));
+  for (Value v : inputs) rhs.push_back(region->param(Type{dtype(v), {}}));
+  region->set_outputs(body(rb, lhs, rhs));
+  std::vector<int64_t> out;
+  const auto& in = dims(inputs[0]);
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d) {
+    bool reduced = false;
+    for (int64_t r : rdims) reduced |= r == d;
+    if (!reduced) out.push_back(in[d]);
+  }
+  std::vector<Type> results;
+  for (Value v : inputs) results.push_back(Type{dtype(v), out});
+  std::vector<Value> operands = inputs;
+  operands.insert(operands.end(), inits.begin(), inits.end());
+  return g_.add_multi("stablehlo.reduce", operands, results, "dimensions = " + i64_array(rdims),
+                      {region});
+}
+
+Value Builder::reduce_simple(Value input, Value init, const std::vector<int64_t>& rdims,
+                             const std::string& op) {
+  return reduce({input}, {init}, rdims,
+                [&](Builder& b, const std::vector<Value>& l, const std::vector<Value>& r) {
+                  return std::vector<Value>{b.binary(op, l[0], r[0])};
+                })[0];
+}
+
+Value Builder::gather(Value operand, Value indices, const std::vector<int64_t>& offset_dims,
+                      const std::vector<int64_t>& collapsed, const std::vector<int64_t>& start_map,
+                      int64_t index_vector_dim, const std::vector<int64_t>& slice_sizes,
+                      const std::vector<int64_t>& result_dims) {
+  std::vector<std::string> parts;
+  if (!offset_dims.empty()) parts.push_back("offset_dims = " + int_list(offset_dims));
+  if (!collapsed.empty()) parts.push_back("collapsed_slice_dims = " + int_list(collapsed));
+  parts.push_back("start_index_map = " + int_list(start_map));
+  parts.push_back("index_vector_dim = " + std::to_string(index_vector_dim));
+  std::string dn = "dimension_numbers = #stablehlo.gather<";
+  for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+  dn += ">, indices_are_sorted = false, slice_sizes = " + i64_array(slice_sizes);
+  return g_.add("stablehlo.gather", {operand, indices}, Type{dtype(operand), result_dims}, dn);
+}
+
+Value Builder::scatter(Value operand, Value indices, Value updates,
+                       const std::vector<int64_t>& update_window_dims,
+                       const std::vector<int64_t>& inserted_window_dims,
+                       const std::vector<int64_t>& to_operand, int64_t index_vector_dim,
+                       const std::string& combiner) {
+  auto region = std::make_shared<Graph>();
+  Builder rb(*region);
+  Value old_v = region->param(Type{dtype(operand), {}});
+  Value new_v = region->param(Type{dtype(operand), {}});
+  region->set_outputs({combiner.empty() ? new_v : rb.binary(combiner, old_v, new_v)});
+  std::vector<std::string> parts;
+  if (!update_window_dims.empty()) parts.push_back("update_window_dims = " + int_list(update_window_dims));
+  if (!inserted_window_dims.empty())
+    parts.push_back("inserted_window_dims = " + int_list(inserted_window_dims));
+  parts.push_back("scatter_dims_to_operand_dims = " + int_list(to_operand));
+  parts.push_back("index_vector_dim = " + std::to_string(index_vector_dim));
+  std::string dn = "scatter_dimension_numbers = #stablehlo.scatter<";
+  for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
+  dn += ">, indices_are_sorted = false, unique_indices = false";
+  return g_.add("stablehlo.scatter", {operand, indices, updates}, type(operand), dn, {region});
+}
+
+std::vector<Value> Builder::sort(const std::vector<Value>& operands, int64_t dim, bool descending,
+                                 bool stable) {
+  auto region = std::make_shared<Graph>();
+  Builder rb(*region);
+  std::vector<Value> args;
+  for (Value v : operands) {
+    args.push_back(region->param(Type{dtype(v), {}}));
+    args.push_back(region->param(Type{dtype(v), {}}));
+  }
+  std::string dir = descending ? "GT" : "LT";
+  std::string attrs = "comparison_direction = #stablehlo<comparison_direction " + dir + ">";
+  if (is_floating(dtype(operands[0]))) attrs += ", compare_type = #stablehlo<comparison_type TOTALORDER>";
+  region->set_outputs({region->add("stablehlo.compare", {args[0], args[1]}, Type{DType::Pred, {}}, attrs)});
+  std::vector<Type> results;
+  for (Value v : operands) results.push_back(type(v));
+  return g_.add_multi("stablehlo.sort", operands, results,
+                      "dimension = " + std::to_string(dim) + " : i64, is_stable = " +
+                          (stable ? "true" : "false"),
+                      {region});
+}
+
+std::vector<Value> Builder::rng_bits(Value state, DType bits_dtype, const std::vector<int64_t>& dims) {
+  return g_.add_multi("stablehlo.rng_bit_generator", {state}, {type(state), Type{bits_dtype, dims}},
+                      "rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>");
+}
+
+Value Builder::bin_bcast(const std::string& op, Value a, Value b) {
+  auto out = broadcast_shapes(dims(a), dims(b));
+  return binary(op, broadcast_to(a, out), broadcast_to(b, out));
+}
+
+Value Builder::cmp_bcast(Value a, Value b, const std::string& direction) {
+  auto out = broadcast_shapes(dims(a), dims(b));
+  return compare(broadcast_to(a, out), broadcast_to(b, out), direction);
+}
+
+Value Builder::scalar_like(Value like, double value) {
+  return constant(dtype(like), value, dims(like));
+}
+
+}  // namespace torch_pjrt::ir

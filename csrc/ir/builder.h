@@ -1,0 +1,93 @@
+// Typed helpers that append StableHLO ops to a Graph and infer result types.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace torch_pjrt::ir {
+
+std::string i64_array(const std::vector<int64_t>& v);  // array<i64: 1, 2>
+std::string int_list(const std::vector<int64_t>& v);   // [1, 2]
+
+class Builder {
+ public:
+  explicit Builder(Graph& g) : g_(g) {}
+  Graph& graph() { return g_; }
+  const Type& type(Value v) const { return g_.type(v); }
+  DType dtype(Value v) const { return g_.type(v).dtype; }
+  const std::vector<int64_t>& dims(Value v) const { return g_.type(v).dims; }
+
+  Value constant(DType dtype, double value, const std::vector<int64_t>& dims = {});
+  Value constant_int(DType dtype, int64_t value, const std::vector<int64_t>& dims = {});
+  Value iota(DType dtype, const std::vector<int64_t>& dims, int64_t dim);
+
+  Value convert(Value v, DType dtype);
+  // Reinterprets bits; handles different element sizes by adding/removing a minor dim.
+  Value bitcast_flat(Value flat, DType dtype);
+  Value reshape(Value v, const std::vector<int64_t>& dims);
+  Value broadcast_in_dim(Value v, const std::vector<int64_t>& dims,
+                         const std::vector<int64_t>& mapping);
+  // numpy-style broadcast of v to dims (trailing alignment).
+  Value broadcast_to(Value v, const std::vector<int64_t>& dims);
+  Value transpose(Value v, const std::vector<int64_t>& perm);
+  Value slice(Value v, const std::vector<int64_t>& start, const std::vector<int64_t>& limit,
+              const std::vector<int64_t>& strides);
+  Value slice_dim(Value v, int64_t dim, int64_t start, int64_t limit, int64_t step = 1);
+  Value dynamic_slice(Value v, const std::vector<Value>& starts, const std::vector<int64_t>& sizes);
+  Value dynamic_update_slice(Value v, Value update, const std::vector<Value>& starts);
+  Value concatenate(const std::vector<Value>& vs, int64_t dim);
+  Value pad(Value v, Value pad_value, const std::vector<int64_t>& low,
+            const std::vector<int64_t>& high, const std::vector<int64_t>& interior);
+  Value reverse(Value v, const std::vector<int64_t>& dims);
+
+  Value unary(const std::string& op, Value v);  // "exponential", "log", "negate" ...
+  Value binary(const std::string& op, Value a, Value b);  // same shapes and dtypes
+  // Compare: direction EQ NE LT LE GT GE; result i1.
+  Value compare(Value a, Value b, const std::string& direction);
+  Value select(Value pred, Value on_true, Value on_false);
+  Value clamp(Value lo, Value v, Value hi);
+
+  Value dot_general(Value a, Value b, const std::vector<int64_t>& lhs_batch,
+                    const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
+                    const std::vector<int64_t>& rhs_contract, DType result);
+
+  // Reduces `inputs` over `dims` with a body built by `body(builder, lhs_args, rhs_args)`.
+  using ReduceBody =
+      std::function<std::vector<Value>(Builder&, const std::vector<Value>&, const std::vector<Value>&)>;
+  std::vector<Value> reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                            const std::vector<int64_t>& dims, const ReduceBody& body);
+  Value reduce_simple(Value input, Value init, const std::vector<int64_t>& dims,
+                      const std::string& op);  // op: "stablehlo.add", "stablehlo.maximum" ...
+
+  // Gathers rows: operand[indices[..., :]] with explicit dimension numbers.
+  Value gather(Value operand, Value indices, const std::vector<int64_t>& offset_dims,
+               const std::vector<int64_t>& collapsed_slice_dims,
+               const std::vector<int64_t>& start_index_map, int64_t index_vector_dim,
+               const std::vector<int64_t>& slice_sizes, const std::vector<int64_t>& result_dims);
+  // Scatter with combiner op ("" = overwrite, "stablehlo.add" = accumulate).
+  Value scatter(Value operand, Value indices, Value updates,
+                const std::vector<int64_t>& update_window_dims,
+                const std::vector<int64_t>& inserted_window_dims,
+                const std::vector<int64_t>& scatter_dims_to_operand_dims, int64_t index_vector_dim,
+                const std::string& combiner);
+  // Sorts along dim; comparator compares the first operand (ascending or descending).
+  std::vector<Value> sort(const std::vector<Value>& operands, int64_t dim, bool descending,
+                          bool stable);
+  // rng_bit_generator (THREE_FRY): returns {new_state, bits}.
+  std::vector<Value> rng_bits(Value state, DType bits_dtype, const std::vector<int64_t>& dims);
+
+  // Broadcasted elementwise helpers (numpy rules).
+  Value bin_bcast(const std::string& op, Value a, Value b);
+  Value cmp_bcast(Value a, Value b, const std::string& direction);
+  Value scalar_like(Value like, double value);  // splat constant of like's dtype and shape
+
+ private:
+  Graph& g_;
+};
+
+std::vector<int64_t> broadcast_shapes(const std::vector<int64_t>& a, const std::vector<int64_t>& b);
+
+}  // namespace torch_pjrt::ir

@@ -1,0 +1,210 @@
+#include "ir/graph.h"
+
+#include <sstream>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace torch_pjrt::ir {
+
+const char* dtype_name(DType d) {
+  switch (d) {
+    case DType::Pred: return "i1";
+    case DType::S8: return "i8";
+    case DType::S16: return "i16";
+    case DType::S32: return "i32";
+    case DType::S64: return "i64";
+    case DType::U8: return "ui8";
+    case DType::U16: return "ui16";
+    case DType::U32: return "ui32";
+    case DType::U64: return "ui64";
+    case DType::F16: return "f16";
+    case DType::BF16: return "bf16";
+    case DType::F32: return "f32";
+    case DType::F64: return "f64";
+  }
+  return "?";
+}
+
+size_t dtype_size(DType d) {
+  switch (d) {
+    case DType::Pred:
+    case DType::S8:
+    case DType::U8: return 1;
+    case DType::S16:
+    case DType::U16:
+    case DType::F16:
+    case DType::BF16: return 2;
+    case DType::S32:
+    case DType::U32:
+    case DType::F32: return 4;
+    default: return 8;
+  }
+}
+
+bool is_floating(DType d) {
+  return d == DType::F16 || d == DType::BF16 || d == DType::F32 || d == DType::F64;
+}
+bool is_signed_int(DType d) {
+  return d == DType::S8 || d == DType::S16 || d == DType::S32 || d == DType::S64;
+}
+bool is_unsigned_int(DType d) {
+  return d == DType::U8 || d == DType::U16 || d == DType::U32 || d == DType::U64;
+}
+
+int64_t Type::numel() const {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= d;
+  return n;
+}
+
+std::string Type::str() const {
+  std::string s = "tensor<";
+  for (int64_t d : dims) s += std::to_string(d) + "x";
+  s += dtype_name(dtype);
+  s += ">";
+  return s;
+}
+
+Value Graph::param(const Type& type) {
+  Node n;
+  n.op = "arg";
+  n.results = {type};
+  nodes_.push_back(std::move(n));
+  params_.push_back(static_cast<int>(nodes_.size()) - 1);
+  return Value{static_cast<int>(nodes_.size()) - 1, 0};
+}
+
+Value Graph::add(const std::string& op, std::vector<Value> operands, const Type& result,
+                 std::string attrs, std::vector<std::shared_ptr<Graph>> regions) {
+  return add_multi(op, std::move(operands), {result}, std::move(attrs), std::move(regions))[0];
+}
+
+std::vector<Value> Graph::add_multi(const std::string& op, std::vector<Value> operands,
+                                    std::vector<Type> results, std::string attrs,
+                                    std::vector<std::shared_ptr<Graph>> regions) {
+  for (const Value& v : operands) {
+    if (v.node < 0 || v.node >= static_cast<int>(nodes_.size())) {
+      throw std::logic_error("ir: operand of " + op + " is not a value of this graph");
+    }
+  }
+  Node n;
+  n.op = op;
+  n.operands = std::move(operands);
+  n.results = std::move(results);
+  n.attrs = std::move(attrs);
+  n.regions = std::move(regions);
+  nodes_.push_back(std::move(n));
+  int id = static_cast<int>(nodes_.size()) - 1;
+  std::vector<Value> out;
+  for (size_t i = 0; i < nodes_.back().results.size(); ++i) out.push_back({id, static_cast<int>(i)});
+  return out;
+}
+
+const Type& Graph::type(Value v) const {
+  if (v.node < 0 || v.node >= static_cast<int>(nodes_.size()) ||
+      v.index >= static_cast<int>(nodes_[v.node].results.size())) {
+    throw std::logic_error("ir: invalid value");
+  }
+  return nodes_[v.node].results[v.index];
+}
+
+// Prints graphs with names unique across nested regions (MLIR forbids shadowing).
+class Printer {
+ public:
+  std::string module(const Graph& g) {
+    std::ostringstream os;
+    os << "module {\n  func.func public @main(";
+    std::vector<std::string> names(g.nodes_.size());
+    for (size_t i = 0; i < g.params_.size(); ++i) {
+      int id = g.params_[i];
+      names[id] = "%arg" + std::to_string(i);
+      os << (i ? ", " : "") << names[id] << ": " << g.nodes_[id].results[0].str();
+    }
+    os << ") -> (";
+    for (size_t i = 0; i < g.outputs_.size(); ++i) os << (i ? ", " : "") << g.type(g.outputs_[i]).str();
+    os << ") {\n";
+    body(g, names, os, "    ");
+    os << "    \"func.return\"(" << refs(g, names, g.outputs_) << ") : (" << types(g, g.outputs_)
+       << ") -> ()\n  }\n}\n";
+    return os.str();
+  }
+
+ private:
+  int counter_ = 0;
+
+  static std::string ref(const Graph& g, const std::vector<std::string>& names, Value v) {
+    if (g.nodes_[v.node].results.size() == 1) return names[v.node];
+    return names[v.node] + "#" + std::to_string(v.index);
+  }
+  static std::string refs(const Graph& g, const std::vector<std::string>& names,
+                          const std::vector<Value>& vs) {
+    std::string s;
+    for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + ref(g, names, vs[i]);
+    return s;
+  }
+  static std::string types(const Graph& g, const std::vector<Value>& vs) {
+    std::string s;
+    for (size_t i = 0; i < vs.size(); ++i) s += (i ? ", " : "") + g.type(vs[i]).str();
+    return s;
+  }
+
+  void body(const Graph& g, std::vector<std::string>& names, std::ostringstream& os,
+            const std::string& indent) {
+    for (size_t id = 0; id < g.nodes_.size(); ++id) {
+      const Node& n = g.nodes_[id];
+      if (n.op == "arg") continue;
+      names[id] = "%v" + std::to_string(counter_++);
+      os << indent << names[id];
+      if (n.results.size() > 1) os << ":" << n.results.size();
+      os << " = \"" << n.op << "\"(" << refs(g, names, n.operands) << ")";
+      if (!n.regions.empty()) {
+        os << " (";
+        for (size_t r = 0; r < n.regions.size(); ++r) {
+          os << (r ? ", " : "") << "{\n";
+          region(*n.regions[r], os, indent + "  ");
+          os << indent << "}";
+        }
+        os << ")";
+      }
+      if (!n.attrs.empty()) os << " {" << n.attrs << "}";
+      os << " : (" << types(g, n.operands) << ") -> ";
+      if (n.results.size() == 1) {
+        os << n.results[0].str();
+      } else {
+        os << "(";
+        for (size_t i = 0; i < n.results.size(); ++i) os << (i ? ", " : "") << n.results[i].str();
+        os << ")";
+      }
+      os << "\n";
+    }
+  }
+
+  void region(const Graph& g, std::ostringstream& os, const std::string& indent) {
+    std::vector<std::string> names(g.nodes_.size());
+    os << indent << "^bb0(";
+    for (size_t i = 0; i < g.params_.size(); ++i) {
+      int id = g.params_[i];
+      names[id] = "%b" + std::to_string(counter_++);
+      os << (i ? ", " : "") << names[id] << ": " << g.nodes_[id].results[0].str();
+    }
+    os << "):\n";
+    body(g, names, os, indent + "  ");
+    os << indent << "  \"stablehlo.return\"(" << refs(g, names, g.outputs_) << ") : ("
+       << types(g, g.outputs_) << ") -> ()\n";
+  }
+};
+
+std::string Graph::to_mlir() const { return Printer().module(*this); }
+
+uint64_t fnv1a(const std::string& text) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+uint64_t Graph::hash() const { return fnv1a(to_mlir()); }
+
+}  // namespace torch_pjrt::ir

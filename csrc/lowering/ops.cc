@@ -1,0 +1,780 @@
+#include "lowering/ops.h"
+
+#include <cmath>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <stdexcept>
+
+namespace torch_pjrt::lowering {
+namespace {
+
+bool low_precision(DType d) { return d == DType::F16 || d == DType::BF16; }
+DType acc_type(DType d) { return low_precision(d) ? DType::F32 : d; }
+
+std::vector<int64_t> normalize_dims(std::vector<int64_t> dims, int64_t rank) {
+  if (dims.empty()) {
+    dims.resize(rank);
+    std::iota(dims.begin(), dims.end(), 0);
+  }
+  for (auto& d : dims) {
+    if (d < 0) d += rank;
+  }
+  std::sort(dims.begin(), dims.end());
+  dims.erase(std::unique(dims.begin(), dims.end()), dims.end());
+  return dims;
+}
+
+// Shape after reducing `dims` with keepdim.
+std::vector<int64_t> kept_dims(const std::vector<int64_t>& in, const std::vector<int64_t>& dims) {
+  std::vector<int64_t> out = in;
+  for (int64_t d : dims) out[d] = 1;
+  return out;
+}
+
+Value keep(Builder& b, Value reduced, const std::vector<int64_t>& in, const std::vector<int64_t>& dims,
+           bool keepdim) {
+  return keepdim ? b.reshape(reduced, kept_dims(in, dims)) : reduced;
+}
+
+int64_t count(const std::vector<int64_t>& in, const std::vector<int64_t>& dims) {
+  int64_t n = 1;
+  for (int64_t d : dims) n *= in[d];
+  return n;
+}
+
+// Broadcast a reduced-with-keepdim value back to `dims`.
+Value expand_back(Builder& b, Value reduced_keep, const std::vector<int64_t>& dims) {
+  return b.broadcast_to(reduced_keep, dims);
+}
+
+Value poly(Builder& b, Value x, const std::vector<double>& coeffs) {
+  Value p = b.scalar_like(x, coeffs[0]);
+  for (size_t i = 1; i < coeffs.size(); ++i) {
+    p = b.binary("add", b.binary("multiply", p, x), b.scalar_like(x, coeffs[i]));
+  }
+  return p;
+}
+
+using UnaryFn = std::function<Value(Builder&, Value)>;
+
+const std::map<std::string, UnaryFn>& unary_table() {
+  static const std::map<std::string, UnaryFn> table = [] {
+    std::map<std::string, UnaryFn> t;
+    auto simple = [&t](const std::string& name, const std::string& op) {
+      t[name] = [op](Builder& b, Value x) { return b.unary(op, x); };
+    };
+    simple("neg", "negate");
+    simple("abs", "abs");
+    simple("exp", "exponential");
+    simple("log", "log");
+    simple("log1p", "log_plus_one");
+    simple("expm1", "exponential_minus_one");
+    simple("sqrt", "sqrt");
+    simple("rsqrt", "rsqrt");
+    simple("sin", "sine");
+    simple("cos", "cosine");
+    simple("tan", "tan");
+    simple("tanh", "tanh");
+    simple("sigmoid", "logistic");
+    simple("floor", "floor");
+    simple("ceil", "ceil");
+    simple("round", "round_nearest_even");
+    simple("sign", "sign");
+    simple("bitwise_not", "not");
+    t["trunc"] = [](Builder& b, Value x) {
+      return b.select(b.compare(x, b.scalar_like(x, 0), "LT"), b.unary("ceil", x), b.unary("floor", x));
+    };
+    t["frac"] = [](Builder& b, Value x) { return b.binary("subtract", x, unary_table().at("trunc")(b, x)); };
+    t["reciprocal"] = [](Builder& b, Value x) { return b.binary("divide", b.scalar_like(x, 1), x); };
+    t["square"] = [](Builder& b, Value x) { return b.binary("multiply", x, x); };
+    t["relu"] = [](Builder& b, Value x) { return b.binary("maximum", x, b.scalar_like(x, 0)); };
+    t["silu"] = [](Builder& b, Value x) { return b.binary("multiply", x, b.unary("logistic", x)); };
+    t["erf"] = [](Builder& b, Value x) { return erf(b, x); };
+    t["log2"] = [](Builder& b, Value x) { return b.binary("divide", b.unary("log", x), b.scalar_like(x, std::log(2.0))); };
+    t["log10"] = [](Builder& b, Value x) { return b.binary("divide", b.unary("log", x), b.scalar_like(x, std::log(10.0))); };
+    t["exp2"] = [](Builder& b, Value x) { return b.unary("exponential", b.binary("multiply", x, b.scalar_like(x, std::log(2.0)))); };
+    t["sinh"] = [](Builder& b, Value x) {
+      return b.binary("multiply", b.binary("subtract", b.unary("exponential", x), b.unary("exponential", b.unary("negate", x))), b.scalar_like(x, 0.5));
+    };
+    t["cosh"] = [](Builder& b, Value x) {
+      return b.binary("multiply", b.binary("add", b.unary("exponential", x), b.unary("exponential", b.unary("negate", x))), b.scalar_like(x, 0.5));
+    };
+    t["atan"] = [](Builder& b, Value x) { return b.binary("atan2", x, b.scalar_like(x, 1)); };
+    t["asin"] = [](Builder& b, Value x) {
+      Value c = b.unary("sqrt", b.binary("subtract", b.scalar_like(x, 1), b.binary("multiply", x, x)));
+      return b.binary("atan2", x, c);
+    };
+    t["acos"] = [](Builder& b, Value x) {
+      Value s = b.unary("sqrt", b.binary("subtract", b.scalar_like(x, 1), b.binary("multiply", x, x)));
+      return b.binary("atan2", s, x);
+    };
+    t["isnan"] = [](Builder& b, Value x) { return b.compare(x, x, "NE"); };
+    t["isinf"] = [](Builder& b, Value x) {
+      return b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ");
+    };
+    t["isfinite"] = [](Builder& b, Value x) { return b.unary("is_finite", x); };
+    t["logical_not"] = [](Builder& b, Value x) { return b.unary("not", b.convert(x, DType::Pred)); };
+    t["softplus"] = [](Builder& b, Value x) {
+      // log(1 + exp(x)) computed stably.
+      Value ax = b.unary("abs", x);
+      Value r = b.binary("add", b.binary("maximum", x, b.scalar_like(x, 0)),
+                         b.unary("log_plus_one", b.unary("exponential", b.unary("negate", ax))));
+      return r;
+    };
+    t["mish"] = [](Builder& b, Value x) {
+      return b.binary("multiply", x, b.unary("tanh", unary_table().at("softplus")(b, x)));
+    };
+    t["hardsigmoid"] = [](Builder& b, Value x) {
+      Value y = b.binary("divide", b.binary("add", x, b.scalar_like(x, 3)), b.scalar_like(x, 6));
+      return b.clamp(b.scalar_like(x, 0), y, b.scalar_like(x, 1));
+    };
+    t["hardswish"] = [](Builder& b, Value x) {
+      return b.binary("multiply", x, unary_table().at("hardsigmoid")(b, x));
+    };
+    return t;
+  }();
+  return table;
+}
+
+using BinaryFn = std::function<Value(Builder&, Value, Value)>;
+
+Value floor_div(Builder& b, Value x, Value y) {
+  DType d = b.dtype(x);
+  if (ir::is_floating(d)) return b.unary("floor", b.binary("divide", x, y));
+  // Integer floor division: truncate, then step down when signs differ and there is a remainder.
+  Value q = b.binary("divide", x, y);
+  if (ir::is_unsigned_int(d)) return q;
+  Value r = b.binary("remainder", x, y);
+  Value zero = b.scalar_like(x, 0);
+  Value adjust = b.binary("and", b.compare(r, zero, "NE"),
+                          b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"));
+  return b.select(adjust, b.binary("subtract", q, b.scalar_like(q, 1)), q);
+}
+
+const std::map<std::string, BinaryFn>& binary_table() {
+  static const std::map<std::string, BinaryFn> table = [] {
+    std::map<std::string, BinaryFn> t;
+    auto simple = [&t](const std::string& name, const std::string& op) {
+      t[name] = [op](Builder& b, Value x, Value y) { return b.binary(op, x, y); };
+    };
+    simple("add", "add");
+    simple("sub", "subtract");
+    simple("mul", "multiply");
+    simple("maximum", "maximum");
+    simple("minimum", "minimum");
+    simple("pow", "power");
+    simple("atan2", "atan2");
+    simple("bitwise_and", "and");
+    simple("bitwise_or", "or");
+    simple("bitwise_xor", "xor");
+    t["div"] = [](Builder& b, Value x, Value y) { return b.binary("divide", x, y); };
+    t["div_trunc"] = [](Builder& b, Value x, Value y) {
+      Value q = b.binary("divide", x, y);
+      return ir::is_floating(b.dtype(q)) ? unary_table().at("trunc")(b, q) : q;
+    };
+    t["div_floor"] = floor_div;
+    t["fmod"] = [](Builder& b, Value x, Value y) { return b.binary("remainder", x, y); };
+    t["remainder"] = [](Builder& b, Value x, Value y) {
+      // Python modulo: result has the sign of the divisor.
+      Value r = b.binary("remainder", x, y);
+      Value zero = b.scalar_like(x, 0);
+      Value fix = b.binary("and", b.compare(r, zero, "NE"),
+                           b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"));
+      return b.select(fix, b.binary("add", r, y), r);
+    };
+    auto cmp = [&t](const std::string& name, const std::string& dir) {
+      t[name] = [dir](Builder& b, Value x, Value y) { return b.compare(x, y, dir); };
+    };
+    cmp("eq", "EQ");
+    cmp("ne", "NE");
+    cmp("lt", "LT");
+    cmp("le", "LE");
+    cmp("gt", "GT");
+    cmp("ge", "GE");
+    auto logical = [&t](const std::string& name, const std::string& op) {
+      t[name] = [op](Builder& b, Value x, Value y) {
+        return b.binary(op, b.convert(x, DType::Pred), b.convert(y, DType::Pred));
+      };
+    };
+    logical("logical_and", "and");
+    logical("logical_or", "or");
+    logical("logical_xor", "xor");
+    t["xlogy"] = [](Builder& b, Value x, Value y) {
+      Value r = b.binary("multiply", x, b.unary("log", y));
+      return b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+    };
+    return t;
+  }();
+  return table;
+}
+
+}  // namespace
+
+bool has_unary(const std::string& name) { return unary_table().count(name) > 0; }
+bool has_binary(const std::string& name) { return binary_table().count(name) > 0; }
+
+Value erf(Builder& b, Value x) {
+  // Rational approximation on [-4, 4] (accurate to f32 rounding), in f32.
+  DType d = b.dtype(x);
+  Value xf = b.convert(x, d == DType::F64 ? DType::F64 : DType::F32);
+  Value c = b.clamp(b.scalar_like(xf, -4), xf, b.scalar_like(xf, 4));
+  Value x2 = b.binary("multiply", c, c);
+  Value p = b.binary("multiply", c,
+                     poly(b, x2, {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                                  -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                                  -1.60960333262415e-02}));
+  Value q = poly(b, x2, {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                         -7.37332916720468e-03, -1.42647390514189e-02});
+  return b.convert(b.binary("divide", p, q), d);
+}
+
+Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out) {
+  auto it = unary_table().find(name);
+  if (it == unary_table().end()) throw std::invalid_argument("no lowering for unary op " + name);
+  Value r = it->second(b, b.convert(x, compute));
+  return b.convert(r, out);
+}
+
+Value binary(Builder& b, const std::string& name, Value x, Value y, DType compute, DType out) {
+  auto it = binary_table().find(name);
+  if (it == binary_table().end()) throw std::invalid_argument("no lowering for binary op " + name);
+  auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
+  Value xc = b.broadcast_to(b.convert(x, compute), shape);
+  Value yc = b.broadcast_to(b.convert(y, compute), shape);
+  return b.convert(it->second(b, xc, yc), out);
+}
+
+Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract) {
+  auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
+  Value xc = b.broadcast_to(b.convert(x, compute), shape);
+  Value yc = b.broadcast_to(b.convert(y, compute), shape);
+  Value a = b.broadcast_to(b.convert(alpha, compute), shape);
+  Value scaled = b.binary("multiply", yc, a);
+  return b.binary(subtract ? "subtract" : "add", xc, scaled);
+}
+
+Value where(Builder& b, Value cond, Value x, Value y, DType out) {
+  auto shape = ir::broadcast_shapes(ir::broadcast_shapes(b.dims(cond), b.dims(x)), b.dims(y));
+  return b.select(b.broadcast_to(b.convert(cond, DType::Pred), shape),
+                  b.broadcast_to(b.convert(x, out), shape), b.broadcast_to(b.convert(y, out), shape));
+}
+
+Value clamp(Builder& b, Value x, const Value* lo, const Value* hi, DType out) {
+  Value r = b.convert(x, out);
+  // max then min, NaN propagating like torch.clamp.
+  if (lo) r = b.binary("maximum", r, b.broadcast_to(b.convert(*lo, out), b.dims(r)));
+  if (hi) r = b.binary("minimum", r, b.broadcast_to(b.convert(*hi, out), b.dims(r)));
+  return r;
+}
+
+Value gelu(Builder& b, Value x, bool tanh_approx) {
+  DType d = b.dtype(x);
+  Value xf = b.convert(x, acc_type(d));
+  Value r;
+  if (tanh_approx) {
+    Value inner = b.binary("multiply", b.scalar_like(xf, std::sqrt(2.0 / M_PI)),
+                           b.binary("add", xf, b.binary("multiply", b.scalar_like(xf, 0.044715),
+                                                        b.binary("multiply", xf, b.binary("multiply", xf, xf)))));
+    r = b.binary("multiply", b.binary("multiply", b.scalar_like(xf, 0.5), xf),
+                 b.binary("add", b.scalar_like(xf, 1), b.unary("tanh", inner)));
+  } else {
+    Value e = erf(b, b.binary("multiply", xf, b.scalar_like(xf, M_SQRT1_2)));
+    r = b.binary("multiply", b.binary("multiply", b.scalar_like(xf, 0.5), xf),
+                 b.binary("add", b.scalar_like(xf, 1), e));
+  }
+  return b.convert(r, d);
+}
+
+Value gelu_backward(Builder& b, Value grad, Value x, bool tanh_approx) {
+  DType d = b.dtype(x);
+  Value xf = b.convert(x, acc_type(d));
+  Value g = b.convert(grad, acc_type(d));
+  Value deriv;
+  if (tanh_approx) {
+    double k = std::sqrt(2.0 / M_PI);
+    Value x2 = b.binary("multiply", xf, xf);
+    Value inner = b.binary("multiply", b.scalar_like(xf, k),
+                           b.binary("add", xf, b.binary("multiply", b.scalar_like(xf, 0.044715), b.binary("multiply", x2, xf))));
+    Value t = b.unary("tanh", inner);
+    Value dinner = b.binary("multiply", b.scalar_like(xf, k),
+                            b.binary("add", b.scalar_like(xf, 1), b.binary("multiply", b.scalar_like(xf, 3 * 0.044715), x2)));
+    Value sech2 = b.binary("subtract", b.scalar_like(xf, 1), b.binary("multiply", t, t));
+    deriv = b.binary("add", b.binary("multiply", b.scalar_like(xf, 0.5), b.binary("add", b.scalar_like(xf, 1), t)),
+                     b.binary("multiply", b.binary("multiply", b.scalar_like(xf, 0.5), xf), b.binary("multiply", sech2, dinner)));
+  } else {
+    Value cdf = b.binary("multiply", b.scalar_like(xf, 0.5),
+                         b.binary("add", b.scalar_like(xf, 1), erf(b, b.binary("multiply", xf, b.scalar_like(xf, M_SQRT1_2)))));
+    Value pdf = b.binary("multiply", b.scalar_like(xf, 1.0 / std::sqrt(2.0 * M_PI)),
+                         b.unary("exponential", b.binary("multiply", b.scalar_like(xf, -0.5), b.binary("multiply", xf, xf))));
+    deriv = b.binary("add", cdf, b.binary("multiply", xf, pdf));
+  }
+  return b.convert(b.binary("multiply", g, deriv), d);
+}
+
+// ---------------------------------------------------------------- reductions
+
+Value sum(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = out == DType::Pred ? DType::S64 : acc_type(out);
+  Value xc = b.convert(x, acc);
+  Value r = b.reduce_simple(xc, b.constant(acc, 0), dims, "add");
+  return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
+Value mean(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = acc_type(out);
+  Value s = b.reduce_simple(b.convert(x, acc), b.constant(acc, 0), dims, "add");
+  s = b.binary("divide", s, b.scalar_like(s, static_cast<double>(count(in, dims))));
+  return b.convert(keep(b, s, in, dims, keepdim), out);
+}
+
+Value prod(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = out == DType::Pred ? DType::S64 : acc_type(out);
+  Value r = b.reduce_simple(b.convert(x, acc), b.constant(acc, 1), dims, "multiply");
+  return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
+Value amax(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is_max) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType d = b.dtype(x);
+  Value init;
+  if (ir::is_floating(d)) {
+    init = b.constant(d, is_max ? -INFINITY : INFINITY);
+  } else if (d == DType::Pred) {
+    init = b.constant_int(d, is_max ? 0 : 1);
+  } else {
+    // Extremes of the integer type.
+    int64_t bits = static_cast<int64_t>(ir::dtype_size(d)) * 8;
+    if (ir::is_unsigned_int(d)) {
+      init = is_max ? b.constant_int(d, 0) : b.constant_int(d, bits == 64 ? -1 : (int64_t(1) << bits) - 1);
+    } else {
+      int64_t mx = bits == 64 ? INT64_MAX : (int64_t(1) << (bits - 1)) - 1;
+      init = b.constant_int(d, is_max ? -mx - 1 : mx);
+    }
+  }
+  Value r = b.reduce_simple(x, init, dims, is_max ? "maximum" : "minimum");
+  return keep(b, r, in, dims, keepdim);
+}
+
+Value any_all(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is_all) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  Value p = b.convert(x, DType::Pred);
+  Value r = b.reduce_simple(p, b.constant_int(DType::Pred, is_all ? 1 : 0), dims, is_all ? "and" : "or");
+  return keep(b, r, in, dims, keepdim);
+}
+
+std::vector<Value> arg_reduce(Builder& b, Value x, int64_t dim, bool keepdim, bool is_max) {
+  auto in = b.dims(x);
+  DType d = b.dtype(x);
+  Value idx = b.iota(DType::S64, in, dim);
+  Value init_v = ir::is_floating(d) ? b.constant(d, is_max ? -INFINITY : INFINITY)
+                                    : amax(b, b.reshape(x, {b.type(x).numel()}), {}, false, !is_max);
+  if (!ir::is_floating(d)) init_v = b.reshape(init_v, {});
+  Value init_i = b.constant_int(DType::S64, 0);
+  bool floating = ir::is_floating(d);
+  auto body = [is_max, floating](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
+    Value better = rb.compare(l[0], r[0], is_max ? "GT" : "LT");
+    Value eq = rb.compare(l[0], r[0], "EQ");
+    if (floating) {
+      Value lnan = rb.compare(l[0], l[0], "NE");
+      Value rnan = rb.compare(r[0], r[0], "NE");
+      better = rb.binary("or", better, rb.binary("and", lnan, rb.unary("not", rnan)));
+      eq = rb.binary("or", eq, rb.binary("and", lnan, rnan));
+    }
+    Value pick_l = rb.binary("or", better, rb.binary("and", eq, rb.compare(l[1], r[1], "LT")));
+    return std::vector<Value>{rb.select(pick_l, l[0], r[0]), rb.select(pick_l, l[1], r[1])};
+  };
+  auto res = b.reduce({x, idx}, {init_v, init_i}, {dim}, body);
+  return {keep(b, res[0], in, {dim}, keepdim), keep(b, res[1], in, {dim}, keepdim)};
+}
+
+Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = acc_type(out);
+  Value xc = b.convert(x, acc);
+  Value m = mean(b, xc, dims, true, acc);
+  Value diff = b.binary("subtract", xc, expand_back(b, m, in));
+  Value ss = b.reduce_simple(b.binary("multiply", diff, diff), b.constant(acc, 0), dims, "add");
+  double n = static_cast<double>(count(in, dims)) - correction;
+  Value r = b.binary("divide", ss, b.scalar_like(ss, n > 0 ? n : 0.0));
+  return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
+Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = acc_type(out);
+  Value xc = b.convert(x, acc);
+  Value m = amax(b, xc, dims, true, true);
+  // Infinite maxima would give inf - inf; shift by zero there.
+  Value finite = b.unary("is_finite", m);
+  m = b.select(finite, m, b.scalar_like(m, 0));
+  Value e = b.unary("exponential", b.binary("subtract", xc, expand_back(b, m, in)));
+  Value s = b.reduce_simple(e, b.constant(acc, 0), dims, "add");
+  Value r = b.binary("add", b.unary("log", s), b.reshape(m, b.dims(s)));
+  return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
+Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out) {
+  auto in = b.dims(x);
+  if (in.empty()) {
+    return b.convert(b.scalar_like(x, log ? 0.0 : 1.0), out);
+  }
+  DType acc = acc_type(out);
+  Value xc = b.convert(x, acc);
+  Value m = amax(b, xc, {dim}, true, true);
+  m = b.select(b.unary("is_finite", m), m, b.scalar_like(m, 0));
+  Value shifted = b.binary("subtract", xc, expand_back(b, m, in));
+  Value e = b.unary("exponential", shifted);
+  Value s = b.reduce_simple(e, b.constant(acc, 0), {dim}, "add");
+  Value sk = expand_back(b, b.reshape(s, kept_dims(in, {dim})), in);
+  Value r = log ? b.binary("subtract", shifted, b.unary("log", sk)) : b.binary("divide", e, sk);
+  return b.convert(r, out);
+}
+
+Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log, DType dtype) {
+  auto in = b.dims(out);
+  DType acc = acc_type(dtype);
+  Value g = b.convert(grad, acc);
+  Value o = b.convert(out, acc);
+  Value r;
+  if (log) {
+    Value s = b.reduce_simple(g, b.constant(acc, 0), {dim}, "add");
+    Value sk = expand_back(b, b.reshape(s, kept_dims(in, {dim})), in);
+    r = b.binary("subtract", g, b.binary("multiply", b.unary("exponential", o), sk));
+  } else {
+    Value go = b.binary("multiply", g, o);
+    Value s = b.reduce_simple(go, b.constant(acc, 0), {dim}, "add");
+    Value sk = expand_back(b, b.reshape(s, kept_dims(in, {dim})), in);
+    r = b.binary("subtract", go, b.binary("multiply", o, sk));
+  }
+  return b.convert(r, dtype);
+}
+
+// ---------------------------------------------------------------- linear algebra
+
+Value matmul_2d(Builder& b, Value x, Value y, DType out) {
+  Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, out);
+  return r;
+}
+
+Value bmm(Builder& b, Value x, Value y, DType out) {
+  return b.dot_general(b.convert(x, out), b.convert(y, out), {0}, {0}, {2}, {1}, out);
+}
+
+Value dot(Builder& b, Value x, Value y, DType out) {
+  return b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {0}, {0}, out);
+}
+
+// ---------------------------------------------------------------- shapes/indexing
+
+Value cat(Builder& b, const std::vector<Value>& xs, int64_t dim, DType out) {
+  std::vector<Value> parts;
+  for (Value v : xs) {
+    // Legacy: 1-D empty tensors are skipped by torch.cat.
+    if (b.type(v).rank() == 1 && b.dims(v)[0] == 0 && b.type(xs[0]).rank() != 1) continue;
+    parts.push_back(b.convert(v, out));
+  }
+  return b.concatenate(parts, dim);
+}
+
+Value wrap_index(Builder& b, Value index, int64_t size) {
+  Value i = b.convert(index, DType::S64);
+  Value neg = b.compare(i, b.scalar_like(i, 0), "LT");
+  return b.select(neg, b.binary("add", i, b.scalar_like(i, static_cast<double>(size))), i);
+}
+
+Value index_out_of_range(Builder& b, Value index, int64_t size) {
+  Value i = b.convert(index, DType::S64);
+  Value bad = b.binary("or", b.compare(i, b.scalar_like(i, static_cast<double>(-size)), "LT"),
+                       b.compare(i, b.scalar_like(i, static_cast<double>(size)), "GE"));
+  int64_t n = b.type(bad).numel();
+  return any_all(b, b.reshape(bad, {n}), {}, false, false);
+}
+
+Value index_select(Builder& b, Value x, int64_t dim, Value index) {
+  auto in = b.dims(x);
+  Value idx = b.reshape(wrap_index(b, index, in[dim]), {b.type(index).numel(), 1});
+  std::vector<int64_t> slice = in;
+  slice[dim] = 1;
+  std::vector<int64_t> offset_dims, out = in;
+  out[dim] = b.type(index).numel();
+  for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d)
+    if (d != dim) offset_dims.push_back(d);
+  return b.gather(x, idx, offset_dims, {dim}, {dim}, 1, slice, out);
+}
+
+namespace {
+// Full coordinates [..., rank] for torch.gather/scatter along `dim`.
+Value coordinates(Builder& b, Value index, int64_t dim, int64_t size) {
+  auto shape = b.dims(index);
+  int64_t rank = static_cast<int64_t>(shape.size());
+  std::vector<int64_t> one = shape;
+  one.push_back(1);
+  std::vector<Value> parts;
+  for (int64_t d = 0; d < rank; ++d) {
+    Value c = d == dim ? wrap_index(b, index, size) : b.iota(DType::S64, shape, d);
+    parts.push_back(b.reshape(c, one));
+  }
+  return b.concatenate(parts, rank);
+}
+}  // namespace
+
+Value gather(Builder& b, Value x, int64_t dim, Value index) {
+  auto shape = b.dims(index);
+  int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank == 0) {
+    return b.reshape(gather(b, b.reshape(x, {1}), 0, b.reshape(index, {1})), {});
+  }
+  Value coords = coordinates(b, index, dim, b.dims(x)[dim]);
+  std::vector<int64_t> all(rank);
+  std::iota(all.begin(), all.end(), 0);
+  return b.gather(x, coords, {}, all, all, rank, std::vector<int64_t>(rank, 1), shape);
+}
+
+Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce) {
+  auto shape = b.dims(index);
+  int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank == 0) {
+    Value r = scatter(b, b.reshape(x, {1}), 0, b.reshape(index, {1}), b.reshape(src, {1}), reduce);
+    return b.reshape(r, {});
+  }
+  Value coords = coordinates(b, index, dim, b.dims(x)[dim]);
+  std::vector<int64_t> zeros(rank, 0);
+  Value updates = b.dims(src) == shape ? src : b.slice(src, zeros, shape, std::vector<int64_t>(rank, 1));
+  updates = b.convert(updates, b.dtype(x));
+  std::vector<int64_t> all(rank);
+  std::iota(all.begin(), all.end(), 0);
+  std::string combiner;
+  if (reduce == "add" || reduce == "sum") combiner = "stablehlo.add";
+  else if (reduce == "mul" || reduce == "multiply" || reduce == "prod") combiner = "stablehlo.multiply";
+  else if (reduce == "amax") combiner = "stablehlo.maximum";
+  else if (reduce == "amin") combiner = "stablehlo.minimum";
+  return b.scatter(x, coords, updates, {}, all, all, rank, combiner);
+}
+
+namespace {
+// Stacks broadcast index tensors into [B..., k] (wrapped, int64).
+Value stack_indices(Builder& b, Value x, const std::vector<Value>& indices, std::vector<int64_t>* batch) {
+  std::vector<int64_t> shape;
+  for (Value i : indices) shape = ir::broadcast_shapes(shape, b.dims(i));
+  *batch = shape;
+  std::vector<int64_t> one = shape;
+  one.push_back(1);
+  std::vector<Value> parts;
+  for (size_t k = 0; k < indices.size(); ++k) {
+    Value i = wrap_index(b, indices[k], b.dims(x)[k]);
+    parts.push_back(b.reshape(b.broadcast_to(i, shape), one));
+  }
+  return b.concatenate(parts, static_cast<int64_t>(shape.size()));
+}
+}  // namespace
+
+Value index(Builder& b, Value x, const std::vector<Value>& indices) {
+  std::vector<int64_t> batch;
+  Value idx = stack_indices(b, x, indices, &batch);
+  auto in = b.dims(x);
+  int64_t k = static_cast<int64_t>(indices.size());
+  std::vector<int64_t> collapsed, offset_dims, slice, out = batch;
+  for (int64_t d = 0; d < k; ++d) {
+    collapsed.push_back(d);
+    slice.push_back(1);
+  }
+  for (int64_t d = k; d < static_cast<int64_t>(in.size()); ++d) {
+    offset_dims.push_back(static_cast<int64_t>(batch.size()) + d - k);
+    slice.push_back(in[d]);
+    out.push_back(in[d]);
+  }
+  return b.gather(x, idx, offset_dims, collapsed, collapsed, static_cast<int64_t>(batch.size()), slice, out);
+}
+
+Value index_put(Builder& b, Value x, const std::vector<Value>& indices, Value values, bool accumulate) {
+  std::vector<int64_t> batch;
+  Value idx = stack_indices(b, x, indices, &batch);
+  auto in = b.dims(x);
+  int64_t k = static_cast<int64_t>(indices.size());
+  std::vector<int64_t> inserted, window, upd = batch;
+  for (int64_t d = 0; d < k; ++d) inserted.push_back(d);
+  for (int64_t d = k; d < static_cast<int64_t>(in.size()); ++d) {
+    window.push_back(static_cast<int64_t>(batch.size()) + d - k);
+    upd.push_back(in[d]);
+  }
+  Value v = b.broadcast_to(b.convert(values, b.dtype(x)), upd);
+  return b.scatter(x, idx, v, window, inserted, inserted, static_cast<int64_t>(batch.size()),
+                   accumulate ? "stablehlo.add" : "");
+}
+
+// ---------------------------------------------------------------- normalization
+
+std::vector<Value> layer_norm(Builder& b, Value x, const Value* weight, const Value* bias,
+                              int64_t normalized_ndim, double eps) {
+  auto in = b.dims(x);
+  int64_t rank = static_cast<int64_t>(in.size());
+  DType d = b.dtype(x);
+  DType acc = acc_type(d);
+  std::vector<int64_t> dims;
+  for (int64_t i = rank - normalized_ndim; i < rank; ++i) dims.push_back(i);
+  Value xc = b.convert(x, acc);
+  Value m = mean(b, xc, dims, true, acc);
+  Value diff = b.binary("subtract", xc, b.broadcast_to(m, in));
+  Value v = mean(b, b.binary("multiply", diff, diff), dims, true, acc);
+  Value rstd = b.unary("rsqrt", b.binary("add", v, b.scalar_like(v, eps)));
+  Value y = b.binary("multiply", diff, b.broadcast_to(rstd, in));
+  if (weight) y = b.binary("multiply", y, b.broadcast_to(b.convert(*weight, acc), in));
+  if (bias) y = b.binary("add", y, b.broadcast_to(b.convert(*bias, acc), in));
+  return {b.convert(y, d), m, rstd};
+}
+
+std::vector<Value> layer_norm_backward(Builder& b, Value grad, Value x, Value mean_v, Value rstd,
+                                       const Value* weight, int64_t normalized_ndim) {
+  auto in = b.dims(x);
+  int64_t rank = static_cast<int64_t>(in.size());
+  DType d = b.dtype(x);
+  DType acc = acc_type(d);
+  std::vector<int64_t> norm_dims, batch_dims;
+  for (int64_t i = 0; i < rank; ++i) (i >= rank - normalized_ndim ? norm_dims : batch_dims).push_back(i);
+  Value xc = b.convert(x, acc), g = b.convert(grad, acc);
+  Value r = b.broadcast_to(b.convert(rstd, acc), in);
+  Value xhat = b.binary("multiply", b.binary("subtract", xc, b.broadcast_to(b.convert(mean_v, acc), in)), r);
+  Value gw = weight ? b.binary("multiply", g, b.broadcast_to(b.convert(*weight, acc), in)) : g;
+  double n = static_cast<double>(count(in, norm_dims));
+  Value s1 = b.broadcast_to(sum(b, gw, norm_dims, true, acc), in);
+  Value s2 = b.broadcast_to(sum(b, b.binary("multiply", gw, xhat), norm_dims, true, acc), in);
+  Value dx = b.binary("multiply", b.binary("divide", r, b.scalar_like(r, n)),
+                      b.binary("subtract", b.binary("subtract", b.binary("multiply", gw, b.scalar_like(gw, n)), s1),
+                               b.binary("multiply", xhat, s2)));
+  Value dw = sum(b, b.binary("multiply", g, xhat), batch_dims, false, acc);
+  Value db = sum(b, g, batch_dims, false, acc);
+  return {b.convert(dx, d), b.convert(dw, d), b.convert(db, d)};
+}
+
+// ---------------------------------------------------------------- losses
+
+namespace {
+// [N, C] mask of target == class (false where target == ignore_index), and per-row weights.
+void target_mask(Builder& b, Value logp, Value target, const Value* weight, int64_t ignore_index,
+                 Value* onehot, Value* row_weight) {
+  auto in = b.dims(logp);
+  DType acc = b.dtype(logp);
+  Value t = b.convert(target, DType::S64);
+  Value cls = b.iota(DType::S64, in, static_cast<int64_t>(in.size()) - 1);
+  Value tb = b.broadcast_in_dim(t, in, in.size() == 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{});
+  Value valid = b.compare(t, b.scalar_like(t, static_cast<double>(ignore_index)), "NE");
+  Value validb = b.broadcast_in_dim(valid, in, in.size() == 2 ? std::vector<int64_t>{0} : std::vector<int64_t>{});
+  *onehot = b.binary("and", b.compare(cls, tb, "EQ"), validb);
+  Value w = weight ? b.broadcast_in_dim(b.convert(*weight, acc), in, {static_cast<int64_t>(in.size()) - 1})
+                   : b.constant(acc, 1, in);
+  Value wm = b.select(*onehot, w, b.constant(acc, 0, in));
+  *row_weight = b.reduce_simple(wm, b.constant(acc, 0), {static_cast<int64_t>(in.size()) - 1}, "add");
+}
+}  // namespace
+
+std::vector<Value> nll_loss(Builder& b, Value logp, Value target, const Value* weight,
+                            int64_t reduction, int64_t ignore_index) {
+  auto in = b.dims(logp);
+  DType d = b.dtype(logp);
+  DType acc = acc_type(d);
+  Value lp = b.convert(logp, acc);
+  Value onehot, roww;
+  target_mask(b, lp, target, weight, ignore_index, &onehot, &roww);
+  Value w = weight ? b.broadcast_in_dim(b.convert(*weight, acc), in, {static_cast<int64_t>(in.size()) - 1})
+                   : b.constant(acc, 1, in);
+  Value picked = b.select(onehot, b.binary("multiply", lp, w), b.constant(acc, 0, in));
+  Value losses = b.unary("negate", b.reduce_simple(picked, b.constant(acc, 0), {static_cast<int64_t>(in.size()) - 1}, "add"));
+  int64_t lrank = b.type(losses).rank();
+  std::vector<int64_t> all(lrank);
+  std::iota(all.begin(), all.end(), 0);
+  Value total = b.reduce_simple(roww, b.constant(acc, 0), all, "add");
+  if (reduction == 0) return {b.convert(losses, d), b.convert(total, d)};
+  Value s = b.reduce_simple(losses, b.constant(acc, 0), all, "add");
+  if (reduction == 1) s = b.binary("divide", s, total);
+  return {b.convert(s, d), b.convert(total, d)};
+}
+
+Value nll_loss_backward(Builder& b, Value grad, Value logp, Value target, const Value* weight,
+                        int64_t reduction, int64_t ignore_index, Value total_weight) {
+  auto in = b.dims(logp);
+  DType d = b.dtype(logp);
+  DType acc = acc_type(d);
+  Value onehot, roww;
+  target_mask(b, b.convert(logp, acc), target, weight, ignore_index, &onehot, &roww);
+  Value w = weight ? b.broadcast_in_dim(b.convert(*weight, acc), in, {static_cast<int64_t>(in.size()) - 1})
+                   : b.constant(acc, 1, in);
+  Value g = b.convert(grad, acc);
+  Value scale;
+  if (reduction == 0) {
+    scale = in.size() == 2 ? b.broadcast_in_dim(g, in, {0}) : b.broadcast_to(g, in);
+  } else {
+    Value gs = b.reshape(g, {});
+    if (reduction == 1) gs = b.binary("divide", gs, b.reshape(b.convert(total_weight, acc), {}));
+    scale = b.broadcast_to(gs, in);
+  }
+  Value r = b.select(onehot, b.unary("negate", b.binary("multiply", w, scale)), b.constant(acc, 0, in));
+  return b.convert(r, d);
+}
+
+Value embedding_backward(Builder& b, Value grad, Value indices, int64_t num_weights, int64_t padding_idx) {
+  auto gd = b.dims(grad);
+  int64_t dim = gd.back();
+  int64_t n = b.type(indices).numel();
+  DType d = b.dtype(grad);
+  DType acc = acc_type(d);
+  Value g = b.reshape(b.convert(grad, acc), {n, dim});
+  Value idx = b.reshape(b.convert(indices, DType::S64), {n});
+  if (padding_idx >= 0) {
+    Value keep_rows = b.compare(idx, b.scalar_like(idx, static_cast<double>(padding_idx)), "NE");
+    g = b.select(b.broadcast_in_dim(keep_rows, {n, dim}, {0}), g, b.constant(acc, 0, {n, dim}));
+  }
+  Value zeros = b.constant(acc, 0, {num_weights, dim});
+  Value r = b.scatter(zeros, b.reshape(idx, {n, 1}), g, {1}, {0}, {0}, 1, "stablehlo.add");
+  return b.convert(r, d);
+}
+
+// ---------------------------------------------------------------- random
+
+std::vector<Value> uniform(Builder& b, Value state, DType dtype, const std::vector<int64_t>& dims) {
+  if (dtype == DType::F64) {
+    auto r = b.rng_bits(state, DType::U64, dims);
+    Value mant = b.binary("shift_right_logical", r[1], b.constant_int(DType::U64, 12, dims));
+    Value bits = b.binary("or", mant, b.constant_int(DType::U64, 0x3FF0000000000000LL, dims));
+    Value one_two = b.graph().add("stablehlo.bitcast_convert", {bits}, ir::Type{DType::F64, dims});
+    return {r[0], b.binary("subtract", one_two, b.constant(DType::F64, 1, dims))};
+  }
+  auto r = b.rng_bits(state, DType::U32, dims);
+  Value mant = b.binary("shift_right_logical", r[1], b.constant_int(DType::U32, 9, dims));
+  Value bits = b.binary("or", mant, b.constant_int(DType::U32, 0x3F800000, dims));
+  Value one_two = b.graph().add("stablehlo.bitcast_convert", {bits}, ir::Type{DType::F32, dims});
+  Value u = b.binary("subtract", one_two, b.constant(DType::F32, 1, dims));
+  if (dtype != DType::F32) {
+    Value c = b.convert(u, dtype);
+    // Rounding to a narrower type may reach 1.0; keep the interval half-open.
+    Value one = b.constant(dtype, 1, dims);
+    c = b.select(b.compare(c, one, "GE"), b.constant(dtype, 0, dims), c);
+    return {r[0], c};
+  }
+  return {r[0], u};
+}
+
+std::vector<Value> normal(Builder& b, Value state, DType dtype, const std::vector<int64_t>& dims) {
+  DType acc = dtype == DType::F64 ? DType::F64 : DType::F32;
+  auto u1 = uniform(b, state, acc, dims);
+  auto u2 = uniform(b, u1[0], acc, dims);
+  // Box-Muller; 1 - u is in (0, 1] so the log is finite.
+  Value one = b.constant(acc, 1, dims);
+  Value radius = b.unary("sqrt", b.binary("multiply", b.constant(acc, -2, dims),
+                                          b.unary("log", b.binary("subtract", one, u1[1]))));
+  Value angle = b.binary("multiply", b.constant(acc, 2 * M_PI, dims), u2[1]);
+  Value z = b.binary("multiply", radius, b.unary("cosine", angle));
+  return {u2[0], b.convert(z, dtype)};
+}
+
+}  // namespace torch_pjrt::lowering

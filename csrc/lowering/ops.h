@@ -1,0 +1,84 @@
+// ATen-level lowerings: one function per op family, building IR with PyTorch's
+// semantics. Torch-free: callers translate tensors/scalars into ir::Values and
+// pass resolved dtypes and dims. Every execution mode (strict eager, fused
+// eager, torch.compile) calls these; none may assume it runs alone.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/builder.h"
+
+namespace torch_pjrt::lowering {
+
+using ir::Builder;
+using ir::DType;
+using ir::Value;
+
+// True if `name` has an elementwise lowering below.
+bool has_unary(const std::string& name);
+bool has_binary(const std::string& name);
+// Unary math in `compute` dtype (input converted first); result in `out`.
+Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out);
+// Binary elementwise with broadcasting; inputs converted to `compute`.
+// Comparisons and logical ops produce Pred, converted to `out`.
+Value binary(Builder& b, const std::string& name, Value x, Value y, DType compute, DType out);
+// add/sub with alpha: x + alpha * y.
+Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract);
+Value where(Builder& b, Value cond, Value x, Value y, DType out);
+Value clamp(Builder& b, Value x, const Value* lo, const Value* hi, DType out);
+Value gelu(Builder& b, Value x, bool tanh_approx);
+Value gelu_backward(Builder& b, Value grad, Value x, bool tanh_approx);
+Value erf(Builder& b, Value x);
+
+// Reductions over `dims` (empty = all). Low-precision floats accumulate in f32.
+Value sum(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
+Value mean(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
+Value prod(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
+Value amax(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is_max);
+Value any_all(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is_all);
+// Returns {values, int64 indices} of max/min along dim (first occurrence, NaN wins).
+std::vector<Value> arg_reduce(Builder& b, Value x, int64_t dim, bool keepdim, bool is_max);
+Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, bool keepdim, DType out);
+Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
+Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out);
+Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log, DType dtype);
+
+// Linear algebra.
+Value matmul_2d(Builder& b, Value x, Value y, DType out);  // [n,k]x[k,m]
+Value bmm(Builder& b, Value x, Value y, DType out);        // [b,n,k]x[b,k,m]
+Value dot(Builder& b, Value x, Value y, DType out);
+
+// Shapes and indexing.
+Value cat(Builder& b, const std::vector<Value>& xs, int64_t dim, DType out);
+Value index_select(Builder& b, Value x, int64_t dim, Value index);
+// out[i][j] = x[i][index[i][j]] along dim (torch.gather).
+Value gather(Builder& b, Value x, int64_t dim, Value index);
+// torch.scatter / scatter_add along dim; reduce "" (overwrite), "add", "mul", "amax", "amin".
+Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce);
+// Advanced indexing: x[indices...] where indices[k] (or invalid) index dim k, all
+// broadcast together; the indexed dims must be adjacent or leading (caller permutes).
+Value index(Builder& b, Value x, const std::vector<Value>& indices);
+Value index_put(Builder& b, Value x, const std::vector<Value>& indices, Value values, bool accumulate);
+// True if any index is outside [-size, size): out-of-range detection for sync-time checks.
+Value index_out_of_range(Builder& b, Value index, int64_t size);
+Value wrap_index(Builder& b, Value index, int64_t size);
+
+// Normalization and losses.
+std::vector<Value> layer_norm(Builder& b, Value x, const Value* weight, const Value* bias,
+                              int64_t normalized_ndim, double eps);
+std::vector<Value> layer_norm_backward(Builder& b, Value grad, Value x, Value mean, Value rstd,
+                                       const Value* weight, int64_t normalized_ndim);
+// nll_loss on [N, C] or [C] log-probabilities; reduction 0 none, 1 mean, 2 sum.
+std::vector<Value> nll_loss(Builder& b, Value logp, Value target, const Value* weight,
+                            int64_t reduction, int64_t ignore_index);
+Value nll_loss_backward(Builder& b, Value grad, Value logp, Value target, const Value* weight,
+                        int64_t reduction, int64_t ignore_index, Value total_weight);
+Value embedding_backward(Builder& b, Value grad, Value indices, int64_t num_weights,
+                         int64_t padding_idx);
+
+// Random: uniform [0,1) in dtype from fresh bits; returns {new_state, values}.
+std::vector<Value> uniform(Builder& b, Value state, DType dtype, const std::vector<int64_t>& dims);
+std::vector<Value> normal(Builder& b, Value state, DType dtype, const std::vector<int64_t>& dims);
+
+}  // namespace torch_pjrt::lowering

@@ -1,0 +1,459 @@
+#include "runtime/pjrt_runtime.h"
+
+#include <dlfcn.h>
+
+#include <cstddef>
+#include <cstring>
+#include <sstream>
+
+namespace torch_pjrt::runtime {
+namespace {
+
+template <typename T>
+T make_args(size_t struct_size) {
+  T args;
+  std::memset(&args, 0, sizeof(T));
+  args.struct_size = struct_size;
+  return args;
+}
+
+#define ARGS(T) make_args<T>(T##_STRUCT_SIZE)
+
+}  // namespace
+
+size_t element_size_bytes(ElementType type) {
+  switch (type) {
+    case PJRT_Buffer_Type_PRED:
+    case PJRT_Buffer_Type_S8:
+    case PJRT_Buffer_Type_U8: return 1;
+    case PJRT_Buffer_Type_S16:
+    case PJRT_Buffer_Type_U16:
+    case PJRT_Buffer_Type_F16:
+    case PJRT_Buffer_Type_BF16: return 2;
+    case PJRT_Buffer_Type_S32:
+    case PJRT_Buffer_Type_U32:
+    case PJRT_Buffer_Type_F32: return 4;
+    case PJRT_Buffer_Type_S64:
+    case PJRT_Buffer_Type_U64:
+    case PJRT_Buffer_Type_F64:
+    case PJRT_Buffer_Type_C64: return 8;
+    case PJRT_Buffer_Type_C128: return 16;
+    default: throw PjrtError(ErrorCode::kInvalidArgument, "unsupported PJRT element type");
+  }
+}
+
+const char* element_type_name(ElementType type) {
+  switch (type) {
+    case PJRT_Buffer_Type_PRED: return "i1";
+    case PJRT_Buffer_Type_S8: return "i8";
+    case PJRT_Buffer_Type_S16: return "i16";
+    case PJRT_Buffer_Type_S32: return "i32";
+    case PJRT_Buffer_Type_S64: return "i64";
+    case PJRT_Buffer_Type_U8: return "ui8";
+    case PJRT_Buffer_Type_U16: return "ui16";
+    case PJRT_Buffer_Type_U32: return "ui32";
+    case PJRT_Buffer_Type_U64: return "ui64";
+    case PJRT_Buffer_Type_F16: return "f16";
+    case PJRT_Buffer_Type_BF16: return "bf16";
+    case PJRT_Buffer_Type_F32: return "f32";
+    case PJRT_Buffer_Type_F64: return "f64";
+    case PJRT_Buffer_Type_C64: return "complex<f32>";
+    case PJRT_Buffer_Type_C128: return "complex<f64>";
+    default: return "unknown";
+  }
+}
+
+// ---------------------------------------------------------------- Api
+
+std::shared_ptr<const Api> Api::load(const std::string& path) {
+  // RTLD_LOCAL: the plugin's own protobuf/abseil must not clash with libtorch's.
+  void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (handle == nullptr) {
+    const char* why = dlerror();
+    throw PjrtError(ErrorCode::kNotFound, "cannot load PJRT plugin '" + path +
+                                              "': " + (why ? why : "unknown dlopen error"));
+  }
+  using GetApiFn = const PJRT_Api* (*)();
+  auto get_api = reinterpret_cast<GetApiFn>(dlsym(handle, "GetPjrtApi"));
+  if (get_api == nullptr) {
+    throw PjrtError(ErrorCode::kNotFound,
+                    "'" + path + "' is not a PJRT plugin: it exports no GetPjrtApi symbol");
+  }
+  const PJRT_Api* raw = get_api();
+  if (raw == nullptr) {
+    throw PjrtError(ErrorCode::kInternal, "GetPjrtApi() of '" + path + "' returned null");
+  }
+  if (raw->pjrt_api_version.major_version != PJRT_API_MAJOR) {
+    std::ostringstream msg;
+    msg << "PJRT plugin '" << path << "' has C API major version "
+        << raw->pjrt_api_version.major_version << ", torch_pjrt was built for "
+        << PJRT_API_MAJOR;
+    throw PjrtError(ErrorCode::kFailedPrecondition, msg.str());
+  }
+  std::shared_ptr<const Api> api(new Api(raw, path));
+  auto init = ARGS(PJRT_Plugin_Initialize_Args);
+  TORCH_PJRT_CALL(*api, PJRT_Plugin_Initialize, &init, "PJRT_Plugin_Initialize");
+  return api;
+}
+
+void Api::check_has(size_t offset, const char* name) const {
+  if (offset >= api_->struct_size ||
+      *reinterpret_cast<void* const*>(reinterpret_cast<const char*>(api_) + offset) == nullptr) {
+    throw PjrtError(ErrorCode::kUnimplemented,
+                    std::string("the PJRT plugin does not implement ") + name);
+  }
+}
+
+void Api::throw_if_error(PJRT_Error* error, const char* what) const {
+  if (error == nullptr) return;
+  auto msg_args = ARGS(PJRT_Error_Message_Args);
+  msg_args.error = error;
+  api_->PJRT_Error_Message(&msg_args);
+  std::string message(msg_args.message, msg_args.message_size);
+  auto code_args = ARGS(PJRT_Error_GetCode_Args);
+  code_args.error = error;
+  int code = static_cast<int>(ErrorCode::kUnknown);
+  if (api_->PJRT_Error_GetCode(&code_args) == nullptr) code = code_args.code;
+  auto destroy = ARGS(PJRT_Error_Destroy_Args);
+  destroy.error = error;
+  api_->PJRT_Error_Destroy(&destroy);
+  throw PjrtError(static_cast<ErrorCode>(code), std::string(what) + ": " + message);
+}
+
+std::vector<std::string> Api::attributes() const {
+  std::vector<std::string> out;
+  auto args = ARGS(PJRT_Plugin_Attributes_Args);
+  TORCH_PJRT_CALL(*this, PJRT_Plugin_Attributes, &args, "PJRT_Plugin_Attributes");
+  for (size_t i = 0; i < args.num_attributes; ++i) {
+    const PJRT_NamedValue& v = args.attributes[i];
+    std::ostringstream s;
+    s << std::string(v.name, v.name_size) << "=";
+    switch (v.type) {
+      case PJRT_NamedValue_kString: s << std::string(v.string_value, v.value_size); break;
+      case PJRT_NamedValue_kInt64: s << v.int64_value; break;
+      case PJRT_NamedValue_kInt64List:
+        for (size_t j = 0; j < v.value_size; ++j) s << (j ? "." : "") << v.int64_array_value[j];
+        break;
+      case PJRT_NamedValue_kFloat: s << v.float_value; break;
+      case PJRT_NamedValue_kBool: s << (v.bool_value ? "true" : "false"); break;
+      default: s << "?";
+    }
+    out.push_back(s.str());
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------- Event
+
+Event::Event(std::shared_ptr<const Api> api, PJRT_Event* event)
+    : api_(std::move(api)), event_(event) {}
+
+Event::~Event() {
+  if (event_ == nullptr) return;
+  auto args = ARGS(PJRT_Event_Destroy_Args);
+  args.event = event_;
+  api_->raw()->PJRT_Event_Destroy(&args);
+}
+
+void Event::await() {
+  if (event_ == nullptr) return;
+  auto args = ARGS(PJRT_Event_Await_Args);
+  args.event = event_;
+  // Await returns the event's own error, if any.
+  TORCH_PJRT_CALL(*api_, PJRT_Event_Await, &args, "asynchronous PJRT operation failed");
+}
+
+bool Event::is_ready() const {
+  if (event_ == nullptr) return true;
+  auto args = ARGS(PJRT_Event_IsReady_Args);
+  args.event = event_;
+  TORCH_PJRT_CALL(*api_, PJRT_Event_IsReady, &args, "PJRT_Event_IsReady");
+  return args.is_ready;
+}
+
+// ---------------------------------------------------------------- Buffer
+
+Buffer::Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buffer)
+    : api_(std::move(api)), buffer_(buffer) {}
+
+Buffer::~Buffer() {
+  if (buffer_ == nullptr) return;
+  auto args = ARGS(PJRT_Buffer_Destroy_Args);
+  args.buffer = buffer_;
+  PJRT_Error* err = api_->raw()->PJRT_Buffer_Destroy(&args);
+  try {
+    api_->throw_if_error(err, "PJRT_Buffer_Destroy");
+  } catch (const PjrtError&) {
+    // A destructor must not throw; the buffer is gone either way.
+  }
+}
+
+std::vector<int64_t> Buffer::dims() const {
+  auto args = ARGS(PJRT_Buffer_Dimensions_Args);
+  args.buffer = buffer_;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_Dimensions, &args, "PJRT_Buffer_Dimensions");
+  return std::vector<int64_t>(args.dims, args.dims + args.num_dims);
+}
+
+ElementType Buffer::element_type() const {
+  auto args = ARGS(PJRT_Buffer_ElementType_Args);
+  args.buffer = buffer_;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_ElementType, &args, "PJRT_Buffer_ElementType");
+  return args.type;
+}
+
+size_t Buffer::on_device_size_bytes() const {
+  auto args = ARGS(PJRT_Buffer_OnDeviceSizeInBytes_Args);
+  args.buffer = buffer_;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_OnDeviceSizeInBytes, &args,
+                  "PJRT_Buffer_OnDeviceSizeInBytes");
+  return args.on_device_size_in_bytes;
+}
+
+void Buffer::to_host(void* dst, size_t dst_size) const {
+  auto args = ARGS(PJRT_Buffer_ToHostBuffer_Args);
+  args.src = buffer_;
+  args.dst = dst;
+  args.dst_size = dst_size;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_ToHostBuffer, &args, "PJRT_Buffer_ToHostBuffer");
+  Event(api_, args.event).await();
+}
+
+void Buffer::await_ready() const {
+  auto args = ARGS(PJRT_Buffer_ReadyEvent_Args);
+  args.buffer = buffer_;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_ReadyEvent, &args, "PJRT_Buffer_ReadyEvent");
+  Event(api_, args.event).await();
+}
+
+// ---------------------------------------------------------------- Device
+
+Device::Device(std::shared_ptr<const Api> api, PJRT_Device* device)
+    : api_(std::move(api)), device_(device) {}
+
+namespace {
+PJRT_DeviceDescription* description_of(const Api& api, PJRT_Device* device) {
+  auto args = ARGS(PJRT_Device_GetDescription_Args);
+  args.device = device;
+  TORCH_PJRT_CALL(api, PJRT_Device_GetDescription, &args, "PJRT_Device_GetDescription");
+  return args.device_description;
+}
+}  // namespace
+
+int Device::id() const {
+  auto args = ARGS(PJRT_DeviceDescription_Id_Args);
+  args.device_description = description_of(*api_, device_);
+  TORCH_PJRT_CALL(*api_, PJRT_DeviceDescription_Id, &args, "PJRT_DeviceDescription_Id");
+  return args.id;
+}
+
+std::string Device::kind() const {
+  auto args = ARGS(PJRT_DeviceDescription_Kind_Args);
+  args.device_description = description_of(*api_, device_);
+  TORCH_PJRT_CALL(*api_, PJRT_DeviceDescription_Kind, &args, "PJRT_DeviceDescription_Kind");
+  return std::string(args.device_kind, args.device_kind_size);
+}
+
+std::string Device::debug_string() const {
+  auto args = ARGS(PJRT_DeviceDescription_DebugString_Args);
+  args.device_description = description_of(*api_, device_);
+  TORCH_PJRT_CALL(*api_, PJRT_DeviceDescription_DebugString, &args,
+                  "PJRT_DeviceDescription_DebugString");
+  return std::string(args.debug_string, args.debug_string_size);
+}
+
+bool Device::memory_stats(MemoryStats* out) const {
+  if (offsetof(PJRT_Api, PJRT_Device_MemoryStats) >= api_->raw()->struct_size ||
+      api_->raw()->PJRT_Device_MemoryStats == nullptr) {
+    return false;
+  }
+  auto args = ARGS(PJRT_Device_MemoryStats_Args);
+  args.device = device_;
+  try {
+    api_->throw_if_error(api_->raw()->PJRT_Device_MemoryStats(&args), "memory stats");
+  } catch (const PjrtError&) {
+    return false;  // UNIMPLEMENTED on the CPU plugin.
+  }
+  out->bytes_in_use = args.bytes_in_use;
+  out->peak_bytes_in_use = args.peak_bytes_in_use_is_set ? args.peak_bytes_in_use : 0;
+  out->bytes_limit = args.bytes_limit_is_set ? args.bytes_limit : 0;
+  return true;
+}
+
+// ---------------------------------------------------------------- Executable
+
+LoadedExecutable::LoadedExecutable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe)
+    : api_(std::move(api)), exe_(exe) {
+  auto get = ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe_;
+  TORCH_PJRT_CALL(*api_, PJRT_LoadedExecutable_GetExecutable, &get,
+                  "PJRT_LoadedExecutable_GetExecutable");
+  auto n = ARGS(PJRT_Executable_NumOutputs_Args);
+  n.executable = get.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_NumOutputs(&n);
+  auto destroy = ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  api_->raw()->PJRT_Executable_Destroy(&destroy);
+  api_->throw_if_error(err, "PJRT_Executable_NumOutputs");
+  num_outputs_ = n.num_outputs;
+}
+
+LoadedExecutable::~LoadedExecutable() {
+  auto args = ARGS(PJRT_LoadedExecutable_Destroy_Args);
+  args.executable = exe_;
+  PJRT_Error* err = api_->raw()->PJRT_LoadedExecutable_Destroy(&args);
+  try {
+    api_->throw_if_error(err, "PJRT_LoadedExecutable_Destroy");
+  } catch (const PjrtError&) {
+  }
+}
+
+std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(
+    const Device& device, const std::vector<PJRT_Buffer*>& args) const {
+  auto options = ARGS(PJRT_ExecuteOptions);
+  std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
+  PJRT_Buffer* const* arg_list = args.data();
+  PJRT_Buffer** output_list = outputs.data();
+  auto exec = ARGS(PJRT_LoadedExecutable_Execute_Args);
+  exec.executable = exe_;
+  exec.options = &options;
+  exec.argument_lists = &arg_list;
+  exec.num_devices = 1;
+  exec.num_args = args.size();
+  exec.output_lists = &output_list;
+  exec.device_complete_events = nullptr;
+  exec.execute_device = device.raw();
+  TORCH_PJRT_CALL(*api_, PJRT_LoadedExecutable_Execute, &exec, "PJRT_LoadedExecutable_Execute");
+  std::vector<std::unique_ptr<Buffer>> result;
+  result.reserve(outputs.size());
+  for (PJRT_Buffer* b : outputs) result.push_back(std::make_unique<Buffer>(api_, b));
+  return result;
+}
+
+std::string LoadedExecutable::serialize() const {
+  auto get = ARGS(PJRT_LoadedExecutable_GetExecutable_Args);
+  get.loaded_executable = exe_;
+  TORCH_PJRT_CALL(*api_, PJRT_LoadedExecutable_GetExecutable, &get,
+                  "PJRT_LoadedExecutable_GetExecutable");
+  auto ser = ARGS(PJRT_Executable_Serialize_Args);
+  ser.executable = get.executable;
+  PJRT_Error* err = api_->raw()->PJRT_Executable_Serialize(&ser);
+  std::string bytes;
+  if (err == nullptr) {
+    bytes.assign(ser.serialized_bytes, ser.serialized_bytes_size);
+    if (ser.serialized_executable_deleter) ser.serialized_executable_deleter(ser.serialized_executable);
+  }
+  auto destroy = ARGS(PJRT_Executable_Destroy_Args);
+  destroy.executable = get.executable;
+  api_->raw()->PJRT_Executable_Destroy(&destroy);
+  api_->throw_if_error(err, "PJRT_Executable_Serialize");
+  return bytes;
+}
+
+// ---------------------------------------------------------------- Client
+
+Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options)
+    : api_(std::move(api)) {
+  std::vector<PJRT_NamedValue> named(options.size());
+  for (size_t i = 0; i < options.size(); ++i) {
+    std::memset(&named[i], 0, sizeof(PJRT_NamedValue));
+    named[i].struct_size = PJRT_NamedValue_STRUCT_SIZE;
+    named[i].name = options[i].name.c_str();
+    named[i].name_size = options[i].name.size();
+    named[i].type = PJRT_NamedValue_kInt64;  // the CPU plugin reads int64 with std::get
+    named[i].int64_value = options[i].value;
+    named[i].value_size = 1;
+  }
+  auto args = ARGS(PJRT_Client_Create_Args);
+  args.create_options = named.data();
+  args.num_options = named.size();
+  TORCH_PJRT_CALL(*api_, PJRT_Client_Create, &args, "PJRT_Client_Create");
+  client_ = args.client;
+
+  auto devs = ARGS(PJRT_Client_AddressableDevices_Args);
+  devs.client = client_;
+  TORCH_PJRT_CALL(*api_, PJRT_Client_AddressableDevices, &devs, "PJRT_Client_AddressableDevices");
+  for (size_t i = 0; i < devs.num_addressable_devices; ++i) {
+    devices_.emplace_back(api_, devs.addressable_devices[i]);
+  }
+}
+
+Client::~Client() {
+  auto args = ARGS(PJRT_Client_Destroy_Args);
+  args.client = client_;
+  PJRT_Error* err = api_->raw()->PJRT_Client_Destroy(&args);
+  try {
+    api_->throw_if_error(err, "PJRT_Client_Destroy");
+  } catch (const PjrtError&) {
+  }
+}
+
+std::string Client::platform_name() const {
+  auto args = ARGS(PJRT_Client_PlatformName_Args);
+  args.client = client_;
+  TORCH_PJRT_CALL(*api_, PJRT_Client_PlatformName, &args, "PJRT_Client_PlatformName");
+  return std::string(args.platform_name, args.platform_name_size);
+}
+
+std::string Client::platform_version() const {
+  auto args = ARGS(PJRT_Client_PlatformVersion_Args);
+  args.client = client_;
+  TORCH_PJRT_CALL(*api_, PJRT_Client_PlatformVersion, &args, "PJRT_Client_PlatformVersion");
+  return std::string(args.platform_version, args.platform_version_size);
+}
+
+std::unique_ptr<Buffer> Client::buffer_from_host(const void* data, ElementType type,
+                                                 const std::vector<int64_t>& dims,
+                                                 const Device& device) const {
+  auto args = ARGS(PJRT_Client_BufferFromHostBuffer_Args);
+  args.client = client_;
+  args.data = data;
+  args.type = type;
+  args.dims = dims.data();
+  args.num_dims = dims.size();
+  // The call copies before returning, so callers may free `data` right away.
+  args.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableOnlyDuringCall;
+  args.device = device.raw();
+  TORCH_PJRT_CALL(*api_, PJRT_Client_BufferFromHostBuffer, &args,
+                  "PJRT_Client_BufferFromHostBuffer");
+  Event done(api_, args.done_with_host_buffer);
+  auto buffer = std::make_unique<Buffer>(api_, args.buffer);
+  done.await();
+  return buffer;
+}
+
+const std::string& Client::compile_options() {
+  // xla.CompileOptionsProto: compile_portable_executable (4) = true,
+  // executable_build_options (3) { num_replicas (4) = 1, num_partitions (5) = 1 }.
+  // Portable executables run on whichever device Execute names.
+  static const std::string bytes("\x20\x01\x1a\x04\x20\x01\x28\x01", 8);
+  return bytes;
+}
+
+std::unique_ptr<LoadedExecutable> Client::compile(const std::string& mlir) const {
+  auto program = ARGS(PJRT_Program);
+  program.code = const_cast<char*>(mlir.data());
+  program.code_size = mlir.size();
+  static const char kFormat[] = "mlir";
+  program.format = kFormat;
+  program.format_size = sizeof(kFormat) - 1;
+  auto args = ARGS(PJRT_Client_Compile_Args);
+  args.client = client_;
+  args.program = &program;
+  args.compile_options = compile_options().data();
+  args.compile_options_size = compile_options().size();
+  TORCH_PJRT_CALL(*api_, PJRT_Client_Compile, &args, "PJRT_Client_Compile");
+  return std::make_unique<LoadedExecutable>(api_, args.executable);
+}
+
+std::unique_ptr<LoadedExecutable> Client::deserialize(const std::string& bytes) const {
+  auto args = ARGS(PJRT_Executable_DeserializeAndLoad_Args);
+  args.client = client_;
+  args.serialized_executable = bytes.data();
+  args.serialized_executable_size = bytes.size();
+  TORCH_PJRT_CALL(*api_, PJRT_Executable_DeserializeAndLoad, &args,
+                  "PJRT_Executable_DeserializeAndLoad");
+  return std::make_unique<LoadedExecutable>(api_, args.loaded_executable);
+}
+
+}  // namespace torch_pjrt::runtime

@@ -1,0 +1,181 @@
+// PJRT C API client: RAII wrappers that turn PJRT errors into C++ exceptions.
+// No torch headers here: this layer is unit-tested on its own.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "pjrt_c_api.h"
+
+namespace torch_pjrt::runtime {
+
+// Absl status codes as PJRT reports them.
+enum class ErrorCode : int {
+  kOk = 0, kCancelled = 1, kUnknown = 2, kInvalidArgument = 3, kDeadlineExceeded = 4,
+  kNotFound = 5, kAlreadyExists = 6, kPermissionDenied = 7, kResourceExhausted = 8,
+  kFailedPrecondition = 9, kAborted = 10, kOutOfRange = 11, kUnimplemented = 12,
+  kInternal = 13, kUnavailable = 14, kDataLoss = 15, kUnauthenticated = 16,
+};
+
+class PjrtError : public std::runtime_error {
+ public:
+  PjrtError(ErrorCode code, const std::string& message)
+      : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// Element types as the PJRT C API numbers them (not xla::PrimitiveType).
+using ElementType = PJRT_Buffer_Type;
+size_t element_size_bytes(ElementType type);
+const char* element_type_name(ElementType type);
+
+class Api;
+class Client;
+
+// Owns a PJRT_Event; await() rethrows the event's error.
+class Event {
+ public:
+  Event(std::shared_ptr<const Api> api, PJRT_Event* event);
+  ~Event();
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  void await();
+  bool is_ready() const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Event* event_;
+};
+
+// Owns a PJRT_Buffer: an immutable array on one device.
+class Buffer {
+ public:
+  Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buffer);
+  ~Buffer();
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  PJRT_Buffer* raw() const { return buffer_; }
+  std::vector<int64_t> dims() const;
+  ElementType element_type() const;
+  size_t on_device_size_bytes() const;
+  // Copies the dense row-major contents to dst (dst_size bytes) and waits.
+  void to_host(void* dst, size_t dst_size) const;
+  // Waits until the buffer is computed; rethrows any execution error.
+  void await_ready() const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Buffer* buffer_;
+};
+
+class Device {
+ public:
+  Device(std::shared_ptr<const Api> api, PJRT_Device* device);
+  PJRT_Device* raw() const { return device_; }
+  int id() const;
+  std::string kind() const;
+  std::string debug_string() const;
+  struct MemoryStats {
+    int64_t bytes_in_use = 0;
+    int64_t peak_bytes_in_use = 0;
+    int64_t bytes_limit = 0;
+  };
+  // False when the plugin has no memory statistics (the CPU plugin has none).
+  bool memory_stats(MemoryStats* out) const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Device* device_;
+};
+
+class LoadedExecutable {
+ public:
+  LoadedExecutable(std::shared_ptr<const Api> api, PJRT_LoadedExecutable* exe);
+  ~LoadedExecutable();
+  LoadedExecutable(const LoadedExecutable&) = delete;
+  LoadedExecutable& operator=(const LoadedExecutable&) = delete;
+
+  size_t num_outputs() const { return num_outputs_; }
+  // Runs on one device. Inputs are borrowed; outputs are owned by the caller.
+  // Execution is asynchronous: errors surface when an output is awaited.
+  std::vector<std::unique_ptr<Buffer>> execute(const Device& device,
+                                               const std::vector<PJRT_Buffer*>& args) const;
+  std::string serialize() const;
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_LoadedExecutable* exe_;
+  size_t num_outputs_ = 0;
+};
+
+// The plugin's function table plus checks on every call.
+class Api {
+ public:
+  // dlopen()s the plugin, checks its version and initializes it.
+  static std::shared_ptr<const Api> load(const std::string& path);
+  const PJRT_Api* raw() const { return api_; }
+  // Throws PjrtError if the plugin's table is too short to hold `offset`.
+  void check_has(size_t offset, const char* name) const;
+  // Converts and destroys a PJRT error; no-op for nullptr.
+  void throw_if_error(PJRT_Error* error, const char* what) const;
+  int major_version() const { return api_->pjrt_api_version.major_version; }
+  int minor_version() const { return api_->pjrt_api_version.minor_version; }
+  std::string path() const { return path_; }
+  // Plugin attributes (xla_version, stablehlo versions) as "name=value" strings.
+  std::vector<std::string> attributes() const;
+
+ private:
+  Api(const PJRT_Api* api, std::string path) : api_(api), path_(std::move(path)) {}
+  const PJRT_Api* api_;
+  std::string path_;
+};
+
+#define TORCH_PJRT_CALL(api, fn, args, what)                                \
+  ((api).check_has(offsetof(PJRT_Api, fn), #fn),                           \
+   (api).throw_if_error((api).raw()->fn(args), what))
+
+struct ClientOption {
+  std::string name;
+  int64_t value;
+};
+
+class Client {
+ public:
+  Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  const Api& api() const { return *api_; }
+  const std::shared_ptr<const Api>& api_ptr() const { return api_; }
+  std::string platform_name() const;
+  std::string platform_version() const;
+  const std::vector<Device>& devices() const { return devices_; }
+
+  // Copies host data (dense row-major) to a new device buffer; the copy is
+  // complete when this returns, so `data` may be reused at once.
+  std::unique_ptr<Buffer> buffer_from_host(const void* data, ElementType type,
+                                           const std::vector<int64_t>& dims,
+                                           const Device& device) const;
+  // Compiles StableHLO (MLIR text) for a single device.
+  std::unique_ptr<LoadedExecutable> compile(const std::string& mlir) const;
+  std::unique_ptr<LoadedExecutable> deserialize(const std::string& bytes) const;
+  // Bytes of the CompileOptionsProto used for every compile (part of cache keys).
+  static const std::string& compile_options();
+
+ private:
+  std::shared_ptr<const Api> api_;
+  PJRT_Client* client_ = nullptr;
+  std::vector<Device> devices_;
+};
+
+}  // namespace torch_pjrt::runtime

@@ -1,0 +1,56 @@
+#include <gtest/gtest.h>
+
+#include "ir/builder.h"
+#include "lowering/ops.h"
+
+using namespace torch_pjrt;
+
+TEST(IR, PrintsGenericStableHLO) {
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({ir::DType::F32, {2, 3}});
+  auto s = b.reduce_simple(x, b.constant(ir::DType::F32, 0), {1}, "add");
+  g.set_outputs({s});
+  std::string text = g.to_mlir();
+  EXPECT_NE(text.find("func.func public @main(%arg0: tensor<2x3xf32>) -> (tensor<2xf32>)"), std::string::npos);
+  EXPECT_NE(text.find("\"stablehlo.reduce\""), std::string::npos);
+  EXPECT_NE(text.find("\"stablehlo.return\""), std::string::npos);
+  EXPECT_NE(text.find("dimensions = array<i64: 1>"), std::string::npos);
+  EXPECT_EQ(text.find("loc("), std::string::npos);
+}
+
+TEST(IR, HashIsStructural) {
+  auto build = [](ir::DType d, int64_t n) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto x = g.param({d, {n}});
+    g.set_outputs({b.unary("exponential", x)});
+    return g.hash();
+  };
+  EXPECT_EQ(build(ir::DType::F32, 4), build(ir::DType::F32, 4));
+  EXPECT_NE(build(ir::DType::F32, 4), build(ir::DType::F32, 5));
+  EXPECT_NE(build(ir::DType::F32, 4), build(ir::DType::BF16, 4));
+}
+
+TEST(IR, ConstantsAreExactBitPatterns) {
+  ir::Graph g;
+  ir::Builder b(g);
+  g.set_outputs({b.constant(ir::DType::F32, 1.0, {2})});
+  EXPECT_NE(g.to_mlir().find("dense<0x3F800000> : tensor<2xf32>"), std::string::npos);
+}
+
+TEST(IR, MultiResultValuesAreNumbered) {
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({ir::DType::F32, {4, 5}});
+  auto r = lowering::arg_reduce(b, x, 1, false, true);
+  g.set_outputs(r);
+  std::string text = g.to_mlir();
+  EXPECT_NE(text.find(":2 = \"stablehlo.reduce\""), std::string::npos);
+  EXPECT_NE(text.find("#1"), std::string::npos);
+}
+
+TEST(IR, BroadcastShapes) {
+  EXPECT_EQ(ir::broadcast_shapes({3, 1}, {4}), (std::vector<int64_t>{3, 4}));
+  EXPECT_THROW(ir::broadcast_shapes({3}, {4}), std::invalid_argument);
+}

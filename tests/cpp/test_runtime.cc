@@ -1,0 +1,150 @@
+// Runtime + executor tests against the real CPU PJRT plugin.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <unistd.h>
+
+#include "executor/executor.h"
+#include "ir/builder.h"
+#include "runtime/pjrt_runtime.h"
+
+using namespace torch_pjrt;
+
+namespace {
+std::string plugin_path() {
+  const char* p = std::getenv("TORCH_PJRT_TEST_PLUGIN");
+  return p ? p : "";
+}
+
+std::shared_ptr<runtime::Client> shared_client() {
+  static std::shared_ptr<runtime::Client> client = [] {
+    auto api = runtime::Api::load(plugin_path());
+    return std::make_shared<runtime::Client>(api, std::vector<runtime::ClientOption>{{"cpu_device_count", 2}});
+  }();
+  return client;
+}
+
+std::string add_module() {
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({ir::DType::F32, {2, 3}});
+  auto y = g.param({ir::DType::F32, {2, 3}});
+  g.set_outputs({b.binary("add", x, y)});
+  return g.to_mlir();
+}
+}  // namespace
+
+TEST(Runtime, MissingPluginIsAnError) {
+  try {
+    runtime::Api::load("/nonexistent/plugin.so");
+    FAIL() << "expected an exception";
+  } catch (const runtime::PjrtError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot load PJRT plugin"), std::string::npos);
+  }
+}
+
+TEST(Runtime, NotAPluginIsAnError) {
+  EXPECT_THROW(runtime::Api::load("libc.so.6"), runtime::PjrtError);
+}
+
+TEST(Runtime, ClientHasRequestedDevices) {
+  auto client = shared_client();
+  EXPECT_EQ(client->devices().size(), 2u);
+  EXPECT_EQ(client->platform_name(), "cpu");
+  EXPECT_GE(client->api().minor_version(), 1);
+}
+
+TEST(Runtime, BufferRoundTrip) {
+  auto client = shared_client();
+  std::vector<float> data{1, 2, 3, 4, 5, 6};
+  auto buf = client->buffer_from_host(data.data(), PJRT_Buffer_Type_F32, {2, 3}, client->devices()[1]);
+  EXPECT_EQ(buf->dims(), (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(buf->element_type(), PJRT_Buffer_Type_F32);
+  std::vector<float> out(6);
+  buf->to_host(out.data(), out.size() * 4);
+  EXPECT_EQ(out, data);
+}
+
+TEST(Runtime, CompileAndExecute) {
+  auto client = shared_client();
+  auto exe = client->compile(add_module());
+  ASSERT_EQ(exe->num_outputs(), 1u);
+  std::vector<float> a{1, 2, 3, 4, 5, 6}, c{10, 20, 30, 40, 50, 60};
+  auto& dev = client->devices()[0];
+  auto ba = client->buffer_from_host(a.data(), PJRT_Buffer_Type_F32, {2, 3}, dev);
+  auto bc = client->buffer_from_host(c.data(), PJRT_Buffer_Type_F32, {2, 3}, dev);
+  auto outs = exe->execute(dev, {ba->raw(), bc->raw()});
+  std::vector<float> r(6);
+  outs[0]->to_host(r.data(), 24);
+  EXPECT_EQ(r, (std::vector<float>{11, 22, 33, 44, 55, 66}));
+}
+
+TEST(Runtime, BadProgramIsAnErrorNotAnAbort) {
+  auto client = shared_client();
+  try {
+    client->compile("module { this is not mlir }");
+    FAIL();
+  } catch (const runtime::PjrtError& e) {
+    EXPECT_NE(e.code(), runtime::ErrorCode::kOk);
+  }
+}
+
+TEST(Runtime, SerializeAndDeserialize) {
+  auto client = shared_client();
+  auto exe = client->compile(add_module());
+  auto again = client->deserialize(exe->serialize());
+  std::vector<float> a{1, 1, 1, 1, 1, 1};
+  auto& dev = client->devices()[0];
+  auto ba = client->buffer_from_host(a.data(), PJRT_Buffer_Type_F32, {2, 3}, dev);
+  auto outs = again->execute(dev, {ba->raw(), ba->raw()});
+  std::vector<float> r(6);
+  outs[0]->to_host(r.data(), 24);
+  EXPECT_EQ(r, (std::vector<float>(6, 2.0f)));
+}
+
+TEST(DiskCache, StoreLoadAndRejectCorruption) {
+  char tmpl[] = "/tmp/pjrt_cache_XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  executor::DiskCache cache(dir);
+  std::string payload(1000, 'x');
+  payload[3] = 'y';
+  cache.store("key-1", payload);
+  std::string got;
+  ASSERT_TRUE(cache.load("key-1", &got));
+  EXPECT_EQ(got, payload);
+  EXPECT_FALSE(cache.load("key-2", &got));
+  // Flip one payload byte: the checksum must reject it.
+  {
+    std::fstream f(cache.path_for("key-1"), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-5, std::ios::end);
+    f.put('z');
+  }
+  int64_t rejects = executor::metrics().disk_cache_rejects;
+  EXPECT_FALSE(cache.load("key-1", &got));
+  EXPECT_EQ(executor::metrics().disk_cache_rejects, rejects + 1);
+  // Truncate it.
+  cache.store("key-1", payload);
+  ASSERT_EQ(0, truncate(cache.path_for("key-1").c_str(), 40));
+  EXPECT_FALSE(cache.load("key-1", &got));
+}
+
+TEST(Executor, RuntimeCachesExecutables) {
+  char tmpl[] = "/tmp/pjrt_cache_XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  executor::metrics().reset();
+  {
+    executor::Runtime rt(plugin_path(), {{"cpu_device_count", 1}}, dir);
+    rt.get_executable(add_module(), "add");
+    rt.get_executable(add_module(), "add");
+    EXPECT_EQ(executor::metrics().compiles, 1);
+    EXPECT_EQ(executor::metrics().memory_cache_hits, 1);
+  }
+  {
+    // A second runtime (as a second process would) loads from disk.
+    executor::Runtime rt(plugin_path(), {{"cpu_device_count", 1}}, dir);
+    rt.get_executable(add_module(), "add");
+    EXPECT_EQ(executor::metrics().compiles, 1);
+    EXPECT_EQ(executor::metrics().disk_cache_hits, 1);
+  }
+}
