@@ -210,6 +210,7 @@ Value Builder::reverse(Value v, const std::vector<int64_t>& rdims) {
 }
 
 Value Builder::unary(const std::string& op, Value v) {
+  if (op == "is_finite") return g_.add("stablehlo.is_finite", {v}, Type{DType::Pred, dims(v)});
   return g_.add("stablehlo." + op, {v}, type(v));
 }
 

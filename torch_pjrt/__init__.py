@@ -1,0 +1,86 @@
+"""torch_pjrt: PyTorch on any accelerator with an OpenXLA PJRT plugin.
+
+Importing it (or just ``import torch``, through the ``torch.backends`` entry
+point) registers the ``pjrt`` device. The PJRT plugin starts on first use.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import _plugins
+
+DEVICE_NAME: str = os.environ.get("TORCH_PJRT_DEVICE_NAME", "pjrt")
+
+
+def _rename_backend() -> None:
+    current = torch._C._get_privateuse1_backend_name()
+    if current == DEVICE_NAME:
+        return
+    if current != "privateuseone":
+        raise RuntimeError(
+            f"torch_pjrt: PrivateUse1 is already registered as {current!r}; "
+            f"cannot register {DEVICE_NAME!r}"
+        )
+    torch.utils.rename_privateuse1_backend(DEVICE_NAME)
+
+
+_rename_backend()
+
+from . import _C  # noqa: E402  (needs the renamed backend)
+from ._config import cache_dir_from_env, configure_from_env  # noqa: E402
+
+configure_from_env()
+
+from . import device_module  # noqa: E402
+
+torch._register_device_module(DEVICE_NAME, device_module)
+torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
+
+from .metrics import metrics, metrics_report, reset_metrics  # noqa: E402
+from .modes import debug_mode, eager_mode, fallback_mode, set_eager_mode, set_fallback_mode  # noqa: E402
+
+
+def device(index: int = 0) -> torch.device:
+    """The torch.device for PJRT device `index`."""
+    return torch.device(DEVICE_NAME, index)
+
+
+def synchronize(index: int = -1) -> None:
+    """Waits for all queued work; raises deferred errors (e.g. out-of-range indices)."""
+    _C._synchronize(index)
+
+
+def platform() -> dict[str, object]:
+    """The running plugin: platform name and version, PJRT C API version, attributes."""
+    name, version, major, minor = _C._platform()
+    return {
+        "platform": name,
+        "platform_version": version,
+        "pjrt_c_api": f"{major}.{minor}",
+        "attributes": list(_C._plugin_attributes()),
+        "cache_dir": _C._cache_dir(),
+    }
+
+
+__all__ = [
+    "DEVICE_NAME",
+    "cache_dir_from_env",
+    "debug_mode",
+    "device",
+    "eager_mode",
+    "fallback_mode",
+    "metrics",
+    "metrics_report",
+    "platform",
+    "reset_metrics",
+    "set_eager_mode",
+    "set_fallback_mode",
+    "synchronize",
+]
+
+
+def _autoload() -> None:
+    """Entry point for torch.backends autoload: importing this module is the work."""

@@ -1,0 +1,46 @@
+"""Environment configuration: plugin, device count, compile cache, modes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import traceback
+
+from . import _C, _plugins
+
+_log = logging.getLogger("torch_pjrt")
+_OFF = {"", "0", "off", "none", "false"}
+
+
+def cache_dir_from_env() -> str:
+    """TORCH_PJRT_CACHE_DIR, default ~/.cache/torch_pjrt; 0/off disables the disk tier."""
+    value = os.environ.get("TORCH_PJRT_CACHE_DIR")
+    if value is None:
+        return os.path.join(os.path.expanduser("~"), ".cache", "torch_pjrt")
+    return "" if value.strip().lower() in _OFF else value
+
+
+def _user_frame() -> str:
+    """The innermost stack frame outside torch and torch_pjrt: the user's line."""
+    here = os.path.dirname(__file__)
+    torch_dir = os.path.dirname(os.path.dirname(traceback.__file__))
+    for frame in reversed(traceback.extract_stack()[:-2]):
+        path = frame.filename
+        if path.startswith(here) or "/torch/" in path or path.startswith("<frozen"):
+            continue
+        del torch_dir
+        return f"{path}:{frame.lineno} ({frame.line})"
+    return "<unknown location>"
+
+
+def _log_fallback(op: str) -> None:
+    _log.warning("pjrt CPU fallback: %s at %s", op, _user_frame())
+
+
+def configure_from_env() -> None:
+    choice = _plugins.choose_plugin()
+    devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
+    _C._configure(choice.path, devices if choice.name == "cpu" else 0, cache_dir_from_env(), choice.hint)
+    _C._set_eager_mode(os.environ.get("TORCH_PJRT_EAGER_MODE", "strict"))
+    _C._set_fallback_mode(os.environ.get("TORCH_PJRT_FALLBACK", "warn"))
+    _C._set_fallback_logger(_log_fallback)

@@ -1,0 +1,40 @@
+"""Counters: compiles, cache hits, executions, syncs, transfers, CPU fallbacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _C
+
+
+def metrics() -> dict[str, Any]:
+    return dict(_C._metrics())
+
+
+def reset_metrics() -> None:
+    _C._reset_metrics()
+
+
+def metrics_report() -> str:
+    m = metrics()
+    lines = [
+        "torch_pjrt metrics",
+        f"  compiles            {m['compiles']} ({m['compile_seconds']:.2f} s)",
+        f"  memory cache hits   {m['memory_cache_hits']}",
+        f"  disk cache hits     {m['disk_cache_hits']} (rejected entries: {m['disk_cache_rejects']})",
+        f"  executions          {m['executions']}",
+        f"  host syncs          {m['host_syncs']}",
+        f"  host->device bytes  {m['host_to_device_bytes']}",
+        f"  device->host bytes  {m['device_to_host_bytes']}",
+    ]
+    fallbacks = m["fallbacks"]
+    total = sum(fallbacks.values())
+    lines.append(f"  CPU fallbacks       {total} calls over {len(fallbacks)} ops")
+    for op, n in sorted(fallbacks.items(), key=lambda kv: -kv[1]):
+        lines.append(f"    {op:40s} {n}")
+    compiles = m["compiles_by_op"]
+    if compiles:
+        lines.append("  compiles by op")
+        for op, n in sorted(compiles.items(), key=lambda kv: -kv[1])[:20]:
+            lines.append(f"    {op:40s} {n}")
+    return "\n".join(lines)
