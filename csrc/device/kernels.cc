@@ -110,6 +110,16 @@ at::Tensor& relu_inplace(at::Tensor& self) {
 PREDICATE_KERNEL(isnan)
 PREDICATE_KERNEL(isinf)
 PREDICATE_KERNEL(isfinite)
+PREDICATE_KERNEL(isposinf)
+PREDICATE_KERNEL(isneginf)
+at::Tensor& isposinf_out(const at::Tensor& self, at::Tensor& out) {
+  unary_op("isposinf", self, &out, false, true);
+  return out;
+}
+at::Tensor& isneginf_out(const at::Tensor& self, at::Tensor& out) {
+  unary_op("isneginf", self, &out, false, true);
+  return out;
+}
 
 at::Tensor logical_not_fn(const at::Tensor& self) { return unary_op("logical_not", self, nullptr, false, true); }
 at::Tensor& logical_not_out_k(const at::Tensor& self, at::Tensor& out) {
@@ -1350,6 +1360,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("isnan", isnan_fn);
   m.impl("isinf", isinf_fn);
   m.impl("isfinite", isfinite_fn);
+  m.impl("isposinf", isposinf_fn);
+  m.impl("isneginf", isneginf_fn);
+  m.impl("isposinf.out", isposinf_out);
+  m.impl("isneginf.out", isneginf_out);
   m.impl("logical_not", logical_not_fn);
   m.impl("logical_not_", logical_not_inplace);
   m.impl("logical_not.out", logical_not_out_k);

@@ -113,6 +113,8 @@ const std::map<std::string, UnaryFn>& unary_table() {
     t["isinf"] = [](Builder& b, Value x) {
       return b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ");
     };
+    t["isposinf"] = [](Builder& b, Value x) { return b.compare(x, b.scalar_like(x, INFINITY), "EQ"); };
+    t["isneginf"] = [](Builder& b, Value x) { return b.compare(x, b.scalar_like(x, -INFINITY), "EQ"); };
     t["isfinite"] = [](Builder& b, Value x) { return b.unary("is_finite", x); };
     t["logical_not"] = [](Builder& b, Value x) { return b.unary("not", b.convert(x, DType::Pred)); };
     t["softplus"] = [](Builder& b, Value x) {

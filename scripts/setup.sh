@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Idempotent set-up on a fresh machine: system tools, .venv with the CPU build of
+# torch 2.13, the XLA CPU PJRT plugin (which also ships the PJRT C API header),
+# then an incremental CMake/ninja build of the extension and C++ tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+
+need_apt=()
+command -v cmake >/dev/null || need_apt+=(cmake)
+command -v ninja >/dev/null || need_apt+=(ninja-build)
+command -v ccache >/dev/null || need_apt+=(ccache)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev)
+command -v g++ >/dev/null || need_apt+=(g++)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "setup: installing ${need_apt[*]}"
+  if [ "$(id -u)" = 0 ]; then SUDO=""; else SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "setup: creating .venv"
+  "$PY" -m venv .venv
+fi
+VPY="$ROOT/.venv/bin/python"
+# Pinned: a plain 'torch' would pull a multi-GB CUDA build.
+if ! "$VPY" -c "import torch, numpy, pytest, pybind11, xla_plugins.xla_cpu_pjrt" 2>/dev/null; then
+  echo "setup: installing Python packages"
+  "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0 xla-cpu-pjrt==0.0.1 numpy pytest \
+    pybind11 setuptools 2>&1 | grep -v "^WARNING: Location" || true
+fi
+
+mkdir -p build
+if [ ! -f build/build.ninja ]; then
+  (cd build && PATH="$ROOT/.venv/bin:$PATH" cmake .. -G Ninja -DPython3_EXECUTABLE="$VPY" >/dev/null)
+fi
+# Two cores: keep the build to two jobs.
+ninja -C build -j 2 | grep -vE "^\[[0-9]+/[0-9]+\]" || true
+test -f torch_pjrt/_C*.so || { echo "setup: the extension did not build" >&2; exit 1; }
+if ! "$VPY" -m pip show -q torch_pjrt >/dev/null 2>&1; then
+  "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
