@@ -810,6 +810,32 @@ at::Tensor dot_fn(const at::Tensor& a, const at::Tensor& b) {
   return finish(op, L::dot(op.b(), op.input(a), op.input(b), to_ir(a.scalar_type())), a.scalar_type(), nullptr);
 }
 
+at::Tensor addmv_impl(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& v, const at::Scalar& beta,
+                      const at::Scalar& alpha, const at::Tensor* into) {
+  TORCH_CHECK(mat.dim() == 2 && v.dim() == 1 && mat.size(1) == v.size(0), "size mismatch, got input (",
+              self.sizes(), "), mat (", mat.sizes(), "), vec (", v.sizes(), ")");
+  check_matmul_dtypes("addmv", mat, v);
+  OpBuilder op("aten::addmv");
+  auto& bd = op.b();
+  auto dt = to_ir(mat.scalar_type());
+  Value prod = bd.dot_general(op.input(mat), op.input(v), {}, {}, {1}, {0}, dt);
+  auto shape = bd.dims(prod);
+  Value r = bd.binary("multiply", prod, bd.broadcast_to(op.scalar(alpha, mat.scalar_type()), shape));
+  if (!(beta.isIntegral(false) ? beta.toLong() == 0 : beta.toDouble() == 0.0)) {
+    Value c = bd.broadcast_to(bd.convert(op.input(self), dt), shape);
+    r = bd.binary("add", r, bd.binary("multiply", c, bd.broadcast_to(op.scalar(beta, mat.scalar_type()), shape)));
+  }
+  return finish(op, r, mat.scalar_type(), into);
+}
+at::Tensor addmv_fn(const at::Tensor& s, const at::Tensor& m, const at::Tensor& v, const at::Scalar& b, const at::Scalar& a) {
+  return addmv_impl(s, m, v, b, a, nullptr);
+}
+at::Tensor& addmv_out(const at::Tensor& s, const at::Tensor& m, const at::Tensor& v, const at::Scalar& b,
+                      const at::Scalar& a, at::Tensor& o) {
+  addmv_impl(s, m, v, b, a, &o);
+  return o;
+}
+
 // ---------------------------------------------------------------- shapes and indexing
 
 at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Tensor* into) {
@@ -1228,6 +1254,32 @@ at::Tensor nll_loss_backward_fn(const at::Tensor& grad, const at::Tensor& self, 
   return finish(op, r, self.scalar_type(), nullptr);
 }
 
+at::Tensor mse_impl(const at::Tensor& self, const at::Tensor& target, int64_t reduction, const at::Tensor* into) {
+  OpBuilder op("aten::mse_loss");
+  auto& b = op.b();
+  at::ScalarType dt = at::result_type(self, target);
+  Value d = L::binary(b, "sub", op.input(self), op.input(target), to_ir(dt), to_ir(dt));
+  Value sq = b.binary("multiply", d, d);
+  if (reduction == 1) sq = L::mean(b, sq, {}, false, to_ir(dt));
+  if (reduction == 2) sq = L::sum(b, sq, {}, false, to_ir(dt));
+  return finish(op, sq, dt, into);
+}
+at::Tensor mse_fn(const at::Tensor& s, const at::Tensor& t, int64_t r) { return mse_impl(s, t, r, nullptr); }
+at::Tensor& mse_out(const at::Tensor& s, const at::Tensor& t, int64_t r, at::Tensor& o) {
+  mse_impl(s, t, r, &o);
+  return o;
+}
+at::Tensor mse_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  OpBuilder op("aten::mse_loss_backward");
+  auto& b = op.b();
+  at::ScalarType dt = self.scalar_type();
+  Value d = L::binary(b, "sub", op.input(self), op.input(target), to_ir(dt), to_ir(dt));
+  double scale = reduction == 1 ? 2.0 / static_cast<double>(std::max<int64_t>(self.numel(), 1)) : 2.0;
+  Value g = b.broadcast_to(b.convert(op.input(grad), to_ir(dt)), b.dims(d));
+  Value r = b.binary("multiply", b.binary("multiply", d, g), b.scalar_like(d, scale));
+  return finish(op, r, dt, nullptr);
+}
+
 // ---------------------------------------------------------------- random
 
 at::Generator pick_generator(const std::optional<at::Generator>& gen, const at::Tensor& self) {
@@ -1492,6 +1544,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("baddbmm", baddbmm_fn);
   m.impl("baddbmm.out", baddbmm_out);
   m.impl("dot", dot_fn);
+  m.impl("addmv", addmv_fn);
+  m.impl("addmv.out", addmv_out);
+  m.impl("mse_loss", mse_fn);
+  m.impl("mse_loss.out", mse_out);
+  m.impl("mse_loss_backward", mse_backward_fn);
 
   m.impl("cat", cat_fn);
   m.impl("cat.out", cat_out);

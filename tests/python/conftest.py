@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_pjrt  # noqa: F401  (registers the device)
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
+
+DEV = torch.device("pjrt", 0)
+# Tolerances per dtype, stated once.
+TOL = {
+    torch.float32: dict(rtol=1.3e-5, atol=1e-5),
+    torch.float64: dict(rtol=1e-7, atol=1e-7),
+    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
+    torch.float16: dict(rtol=1e-3, atol=1e-3),
+}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, **kw: float) -> None:
+    assert actual.device.type == "pjrt", f"result is on {actual.device}, not on the pjrt device"
+    tol = dict(TOL.get(expected.dtype, dict(rtol=0, atol=0)), equal_nan=True)
+    tol.update(kw)
+    torch.testing.assert_close(actual.cpu(), expected, **tol)
+
+
+@pytest.fixture
+def dev() -> torch.device:
+    return DEV
+
+
+@pytest.fixture(autouse=True)
+def _reset_modes():
+    yield
+    torch_pjrt.set_eager_mode("strict")
+    torch_pjrt.set_fallback_mode("warn")
+    try:
+        torch_pjrt.synchronize()
+    except Exception:
+        pass
