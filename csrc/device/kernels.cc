@@ -994,12 +994,14 @@ std::vector<at::Tensor> expand_index_list(const at::Tensor& self, const c10::Lis
       out.emplace_back();
       continue;
     }
-    if (i->scalar_type() == at::kBool || i->scalar_type() == at::kByte) {
-      at::Tensor nz = i->nonzero();
-      for (int64_t k = 0; k < i->dim(); ++k) out.push_back(nz.select(1, k));
+    // CPU index tensors are allowed, as on CUDA: move them over.
+    at::Tensor ix = i->device() == self.device() ? *i : i->to(self.device());
+    if (ix.scalar_type() == at::kBool || ix.scalar_type() == at::kByte) {
+      at::Tensor nz = ix.nonzero();
+      for (int64_t k = 0; k < ix.dim(); ++k) out.push_back(nz.select(1, k));
     } else {
-      check_index_dtype("index", *i);
-      out.push_back(*i);
+      check_index_dtype("index", ix);
+      out.push_back(ix);
     }
   }
   return out;
