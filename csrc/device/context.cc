@@ -2,6 +2,7 @@
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/GeneratorImpl.h>
+#include <ATen/MemoryOverlap.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -486,6 +487,7 @@ Value OpBuilder::input(const at::Tensor& t) {
 
 void OpBuilder::write(const at::Tensor& dst, Value v) {
   TORCH_CHECK(dst.device().is_privateuseone(), "pjrt: ", op_, ": output must be a pjrt tensor");
+  at::assert_no_internal_overlap(dst);
   device_for(dst);
   DType T = to_ir(dst.scalar_type());
   std::vector<int64_t> sizes(dst.sizes().begin(), dst.sizes().end());
