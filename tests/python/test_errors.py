@@ -1,0 +1,115 @@
+"""Bad input: clear Python exceptions naming the op; the process never aborts;
+tensors that existed before the error keep their values."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+
+
+def test_shape_mismatch(dev):
+    a = torch.ones(2, 3, device=dev)
+    with pytest.raises(RuntimeError, match="must match the size"):
+        a + torch.ones(4, device=dev)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        a @ torch.ones(2, 3, device=dev)
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        a.add_(torch.ones(4, 2, 3, device=dev))
+    assert a.sum().item() == 6
+
+
+def test_dtype_errors(dev):
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.ones(2, 2, device=dev) @ torch.ones(2, 2, dtype=torch.float64, device=dev)
+    with pytest.raises(TypeError, match="not supported on the pjrt device"):
+        torch.ones(2, dtype=torch.complex64, device=dev)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.ones(2, dtype=torch.int64, device=dev).add_(torch.ones(2, device=dev) * 0.5)
+    with pytest.raises(IndexError, match="Expected dtype int32/int64"):
+        torch.ones(3, device=dev).index_select(0, torch.ones(2, device=dev))
+
+
+def test_mixing_devices_is_an_error(dev):
+    with pytest.raises(RuntimeError, match="expected all tensors on the pjrt device"):
+        torch.ones(3, device=dev) + torch.ones(3)
+
+
+def test_out_of_range_index_strict_raises_at_next_sync_and_keeps_values(dev):
+    w = torch.arange(10.0, device=dev).reshape(5, 2)
+    keep = w.clone()
+    idx = torch.tensor([1, 7], device=dev)
+    out = w.index_select(0, idx)  # queued: no error yet (like a CUDA device-side assert)
+    w.index_put_((idx,), torch.zeros(2, 2, device=dev))  # this op's writes must not land
+    with pytest.raises(IndexError, match="index out of range in aten::index_select"):
+        out.cpu()
+    torch_pjrt.synchronize()  # the error was reported once
+    assert torch.equal(w.cpu(), keep.cpu())
+    with pytest.raises(IndexError, match="aten::embedding"):
+        F.embedding(torch.tensor([[0, 12]], device=dev), w).sum().item()
+    with pytest.raises(IndexError, match="aten::gather"):
+        w.gather(1, torch.tensor([[0], [2], [0], [0], [0]], device=dev)).cpu()
+    with pytest.raises(IndexError, match="target out of bounds"):
+        F.cross_entropy(torch.zeros(2, 3, device=dev), torch.tensor([0, 3], device=dev)).item()
+
+
+def test_out_of_range_index_debug_raises_at_the_line(dev):
+    w = torch.arange(6.0, device=dev)
+    with torch_pjrt.debug_mode():
+        with pytest.raises(IndexError, match="aten::index_select") as info:
+            w.index_select(0, torch.tensor([6], device=dev))
+    # The traceback ends in this test's own line, not at a later sync point.
+    assert any("test_errors.py" in str(tb.path) for tb in info.traceback)
+    assert w.sum().item() == 15
+
+
+def test_debug_mode_catches_nan(dev):
+    x = torch.tensor([1.0, -1.0], device=dev)
+    with torch_pjrt.debug_mode():
+        with pytest.raises(RuntimeError, match="aten::log produced NaN or Inf"):
+            torch.log(x)
+        torch.exp(x)  # fine
+    assert torch.isnan(torch.log(x)).any().item()  # strict mode does not check
+
+
+def test_debug_mode_from_environment():
+    code = "import torch, torch_pjrt; print(torch_pjrt.eager_mode())"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, TORCH_PJRT_EAGER_MODE="debug"), timeout=120)
+    assert r.stdout.strip() == "debug", r.stderr
+
+
+def test_out_of_memory_is_torch_oom_and_keeps_tensors():
+    code = (
+        "import resource, torch\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
+        "keep = torch.arange(4.0, device='pjrt')\n"
+        "try:\n"
+        "    torch.ones(2**33, device='pjrt').sum().item()\n"
+        "except torch.OutOfMemoryError as e:\n"
+        "    print('OOM', 'aten::' in str(e))\n"
+        "print(keep.cpu().tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "OOM True" in r.stdout
+    assert "[0.0, 1.0, 2.0, 3.0]" in r.stdout
+
+
+def test_bad_arguments(dev):
+    x = torch.ones(3, 4, device=dev)
+    with pytest.raises(IndexError):
+        x.sum(dim=5)
+    with pytest.raises(RuntimeError, match="rounding_mode"):
+        torch.div(x, x, rounding_mode="bogus")
+    with pytest.raises(RuntimeError, match="normalized_shape"):
+        F.layer_norm(x, (5,))
+    with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
+        torch.cat([x, torch.ones(3, 5, device=dev)], 0)
+    assert x.sum().item() == 12

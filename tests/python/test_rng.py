@@ -1,0 +1,58 @@
+"""Device RNG: seeded, reproducible, state held on the device."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def draw(dev: torch.device) -> list[torch.Tensor]:
+    x = torch.empty(1000, device=dev)
+    return [torch.rand(1000, device=dev), torch.randn(1000, device=dev), x.uniform_(-2, 3), x.clone().normal_(1, 2),
+            torch.bernoulli(torch.full((1000,), 0.3, device=dev)), F.dropout(torch.ones(1000, device=dev), 0.25),
+            torch.randint(0, 7, (1000,), device=dev)]
+
+
+def test_manual_seed_reproduces(dev):
+    torch.manual_seed(1234)
+    a = [t.cpu() for t in draw(dev)]
+    torch.manual_seed(1234)
+    b = [t.cpu() for t in draw(dev)]
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    torch.pjrt.manual_seed(99)
+    c = draw(dev)[0].cpu()
+    assert not torch.equal(a[0], c)
+
+
+def test_distributions_look_right(dev):
+    torch.manual_seed(0)
+    u, n, ur, nn_, bern, drop, ri = (t.cpu().double() for t in draw(dev))
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.05
+    assert abs(n.mean()) < 0.1 and abs(n.std() - 1) < 0.1
+    assert -2 <= ur.min() and ur.max() < 3
+    assert abs(nn_.mean() - 1) < 0.2 and abs(nn_.std() - 2) < 0.2
+    assert set(bern.unique().tolist()) <= {0.0, 1.0} and abs(bern.mean() - 0.3) < 0.05
+    assert set(drop.unique().tolist()) <= {0.0, float(torch.tensor(1 / 0.75))} and abs((drop == 0).double().mean() - 0.25) < 0.05
+    assert ri.min() >= 0 and ri.max() <= 6 and len(ri.unique()) == 7
+
+
+def test_rng_state_get_set(dev):
+    state = torch.pjrt.get_rng_state()
+    a = torch.rand(5, device=dev).cpu()
+    torch.pjrt.set_rng_state(state)
+    b = torch.rand(5, device=dev).cpu()
+    assert torch.equal(a, b)
+    g = torch.Generator(device=dev)
+    g.manual_seed(5)
+    x = torch.rand(4, device=dev, generator=g).cpu()
+    g.manual_seed(5)
+    assert torch.equal(x, torch.rand(4, device=dev, generator=g).cpu())
+
+
+def test_dropout_backward_uses_mask(dev):
+    torch.manual_seed(3)
+    x = torch.ones(200, device=dev, requires_grad=True)
+    y = F.dropout(x, 0.5)
+    y.sum().backward()
+    assert torch.equal(x.grad.cpu(), y.detach().cpu())
