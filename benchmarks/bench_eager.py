@@ -1,0 +1,139 @@
+"""Eager benchmarks, measured side by side in one run (not a test).
+
+  per-op overhead on tiny tensors (cache-hit path) vs PyTorch CPU eager
+  1024x1024 matmul vs PyTorch CPU
+  transformer training step vs PyTorch CPU
+  first training step cold (empty disk cache) vs warm (second process, disk cache)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+from models import TinyTransformer, synthetic_tokens  # noqa: E402
+
+import torch_pjrt  # noqa: E402
+
+
+def sync(device: str) -> None:
+    if device != "cpu":
+        torch_pjrt.synchronize()
+
+
+def per_call_us(fn, device: str, iters: int) -> float:
+    for _ in range(20):
+        fn()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    sync(device)
+    return (time.perf_counter() - start) / iters * 1e6
+
+
+def op_overhead() -> None:
+    print("per-op eager overhead, 16-element float32 tensors (us/op, lower is better)")
+    print(f"  {'op':<12}{'pjrt':>10}{'cpu':>10}{'ratio':>8}")
+    for name, fn in [("add", lambda a, b: a + b), ("mul_scalar", lambda a, b: a * 0.5),
+                     ("relu", lambda a, b: torch.relu(a)), ("sum", lambda a, b: a.sum()),
+                     ("add_", lambda a, b: a.add_(b)), ("view+add", lambda a, b: a.view(4, 4).t() + 1)]:
+        res = {}
+        for device in ("pjrt", "cpu"):
+            a = torch.randn(16, device=device)
+            b = torch.randn(16, device=device)
+            res[device] = per_call_us(lambda: fn(a, b), device, 2000)
+        print(f"  {name:<12}{res['pjrt']:>10.1f}{res['cpu']:>10.1f}{res['pjrt'] / res['cpu']:>8.1f}")
+
+
+def matmul() -> None:
+    res = {}
+    for device in ("pjrt", "cpu"):
+        a = torch.randn(1024, 1024, device=device)
+        b = torch.randn(1024, 1024, device=device)
+        res[device] = per_call_us(lambda: a @ b, device, 20) / 1e3
+    gf = {k: 2 * 1024**3 / (v / 1e3) / 1e9 for k, v in res.items()}
+    print(f"matmul 1024x1024 f32: pjrt {res['pjrt']:.2f} ms ({gf['pjrt']:.0f} GFLOP/s)   "
+          f"cpu {res['cpu']:.2f} ms ({gf['cpu']:.0f} GFLOP/s)")
+
+
+def train_step_time(device: str, steps: int = 10) -> float:
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=256, dim=128, heads=4, layers=2, seq=64).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = (t.to(device) for t in synthetic_tokens(8, 64, 256))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).view(-1, 256), y.view(-1)).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(device)
+    return (time.perf_counter() - start) / steps * 1e3
+
+
+FIRST_STEP = """
+import json, os, sys, time
+sys.path.insert(0, {examples!r})
+t0 = time.perf_counter()
+import torch, torch.nn.functional as F, torch_pjrt
+from models import TinyTransformer, synthetic_tokens
+torch.manual_seed(0)
+model = TinyTransformer(vocab=256, dim=128, heads=4, layers=2, seq=64).to("pjrt")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+x, y = (t.to("pjrt") for t in synthetic_tokens(8, 64, 256))
+t1 = time.perf_counter()
+opt.zero_grad()
+F.cross_entropy(model(x).view(-1, 256), y.view(-1)).backward()
+opt.step()
+torch_pjrt.synchronize()
+t2 = time.perf_counter()
+m = torch_pjrt.metrics()
+print(json.dumps({{"first_step_s": t2 - t1, "total_s": t2 - t0, "compiles": m["compiles"],
+                  "disk_hits": m["disk_cache_hits"]}}))
+"""
+
+
+def cold_vs_warm() -> None:
+    examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples")
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache)
+        runs = []
+        for _ in range(2):
+            r = subprocess.run([sys.executable, "-c", FIRST_STEP.format(examples=examples)], capture_output=True,
+                               text=True, env=env, timeout=600)
+            runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    print(f"first training step: cold {cold['first_step_s']:.2f} s ({cold['compiles']} compiles)   "
+          f"warm {warm['first_step_s']:.2f} s ({warm['compiles']} compiles, {warm['disk_hits']} disk hits)   "
+          f"speed-up {cold['first_step_s'] / warm['first_step_s']:.1f}x")
+
+
+def main() -> None:
+    torch.set_num_threads(os.cpu_count() or 1)
+    print(f"torch {torch.__version__}, pjrt plugin: {torch_pjrt.platform()['platform']}, "
+          f"{torch.get_num_threads()} CPU threads")
+    op_overhead()
+    matmul()
+    dev_ms, cpu_ms = train_step_time("pjrt"), train_step_time("cpu")
+    print(f"transformer training step (2 layers, d=128, 8x64 tokens): pjrt {dev_ms:.1f} ms   cpu {cpu_ms:.1f} ms   "
+          f"ratio {dev_ms / cpu_ms:.2f}")
+    cold_vs_warm()
+
+
+if __name__ == "__main__":
+    main()
