@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import os
 
-import torch
+
+def _autoload() -> None:
+    """Entry point for torch.backends autoload: importing this module is the work.
+
+    Defined before `import torch`: when torch_pjrt is imported first, torch's
+    autoload re-enters this partially initialized module and calls it.
+    """
+
+
+import torch  # noqa: E402
 
 from . import _plugins
 
@@ -80,7 +89,3 @@ __all__ = [
     "set_fallback_mode",
     "synchronize",
 ]
-
-
-def _autoload() -> None:
-    """Entry point for torch.backends autoload: importing this module is the work."""

@@ -23,12 +23,10 @@ def cache_dir_from_env() -> str:
 def _user_frame() -> str:
     """The innermost stack frame outside torch and torch_pjrt: the user's line."""
     here = os.path.dirname(__file__)
-    torch_dir = os.path.dirname(os.path.dirname(traceback.__file__))
     for frame in reversed(traceback.extract_stack()[:-2]):
         path = frame.filename
         if path.startswith(here) or "/torch/" in path or path.startswith("<frozen"):
             continue
-        del torch_dir
         return f"{path}:{frame.lineno} ({frame.line})"
     return "<unknown location>"
 

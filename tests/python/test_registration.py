@@ -122,3 +122,9 @@ def test_platform_info():
     info = torch_pjrt.platform()
     assert info["platform"] == "cpu"
     assert any(a.startswith("stablehlo_current_version=") for a in info["attributes"])
+
+
+def test_import_torch_pjrt_before_torch():
+    r = run_py("import torch_pjrt, torch; print(torch.ones(2, device='pjrt').sum().item())")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("2.0")
