@@ -59,9 +59,11 @@ at::ScalarType to_aten(ir::DType d) {
 // ---------------------------------------------------------------- runtime
 
 namespace {
+// Never destroyed: buffers (in tensors, generators, caches) may be released
+// during interpreter shutdown in any order, and must find their client alive.
 std::unique_ptr<executor::Runtime>& runtime_slot() {
-  static std::unique_ptr<executor::Runtime> r;
-  return r;
+  static auto* r = new std::unique_ptr<executor::Runtime>();
+  return *r;
 }
 std::atomic<int> g_mode{static_cast<int>(EagerMode::Strict)};
 
@@ -154,7 +156,8 @@ void set_eager_mode(EagerMode mode) { g_mode = static_cast<int>(mode); }
 
 std::shared_ptr<runtime::Buffer> device_scalar(int device, DType dtype, const void* bytes) {
   static std::mutex mu;
-  static std::unordered_map<std::string, std::shared_ptr<runtime::Buffer>> cache;
+  // Leaked on purpose (see runtime_slot): no PJRT calls during static destruction.
+  static auto& cache = *new std::unordered_map<std::string, std::shared_ptr<runtime::Buffer>>();
   size_t n = ir::dtype_size(dtype);
   std::string key(reinterpret_cast<const char*>(bytes), n);
   key += static_cast<char>(dtype);
@@ -343,7 +346,7 @@ at::Generator make_generator(int device) { return at::make_generator<PjrtGenerat
 
 at::Generator default_generator(int device) {
   static std::mutex mu;
-  static std::vector<at::Generator> gens;
+  static auto& gens = *new std::vector<at::Generator>();  // leaked, as above
   std::lock_guard<std::mutex> lock(mu);
   if (gens.empty()) {
     int n = std::max(1, device_count_or_zero());

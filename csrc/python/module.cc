@@ -79,7 +79,8 @@ PYBIND11_MODULE(_C, mod) {
     }
   });
   mod.def("_set_fallback_logger", [](py::function fn) {
-    auto holder = std::make_shared<py::function>(std::move(fn));
+    // Deliberately never freed: it must not be released without the GIL at exit.
+    auto* holder = new py::function(std::move(fn));
     device::set_fallback_logger([holder](const std::string& op) {
       py::gil_scoped_acquire gil;
       (*holder)(op);
