@@ -436,6 +436,25 @@ int64_t position(const std::vector<int64_t>& v, int64_t x) {
 }
 }  // namespace
 
+Value OpBuilder::offset_param(int64_t offset) {
+  // A runtime parameter, so views at different offsets share one program.
+  return param(device_scalar(device_, DType::S64, &offset), ir::Type{DType::S64, {}});
+}
+
+Value OpBuilder::element_offsets(const at::Tensor& t) {
+  // offset + sum_d(i_d * stride_d), shaped [sizes..., 1] for gather/scatter.
+  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
+  Value idx = builder_.broadcast_to(offset_param(t.storage_offset()), sizes);
+  for (int64_t d = 0; d < t.dim(); ++d) {
+    if (t.size(d) == 1 || t.stride(d) == 0) continue;
+    Value term = builder_.binary("multiply", builder_.iota(DType::S64, sizes, d),
+                                 builder_.constant_int(DType::S64, t.stride(d), sizes));
+    idx = builder_.binary("add", idx, term);
+  }
+  sizes.push_back(1);
+  return builder_.reshape(idx, sizes);
+}
+
 Value OpBuilder::input(const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "pjrt: ", op_, ": undefined tensor argument");
   DType T = to_ir(t.scalar_type());
@@ -459,14 +478,10 @@ Value OpBuilder::input(const at::Tensor& t) {
   int64_t offset = t.storage_offset();
   if (t.is_contiguous() && offset == 0 && numel == len) return builder_.reshape(flat, sizes);
   DenseBlock blk = dense_block(t.sizes(), t.strides());
-  auto offset_value = [&] {
-    int64_t off = offset;
-    return param(device_scalar(device_, DType::S64, &off), ir::Type{DType::S64, {}});
-  };
   if (blk.ok) {
     Value block = (offset == 0 && blk.size == len)
                       ? flat
-                      : builder_.dynamic_slice(flat, {offset_value()}, {blk.size});
+                      : builder_.dynamic_slice(flat, {offset_param(offset)}, {blk.size});
     std::vector<int64_t> sorted_sizes, perm;
     for (int64_t d : blk.order) sorted_sizes.push_back(t.size(d));
     block = builder_.reshape(block, sorted_sizes);
@@ -474,18 +489,8 @@ Value OpBuilder::input(const at::Tensor& t) {
     block = builder_.transpose(block, perm);
     return builder_.broadcast_in_dim(block, sizes, blk.kept);
   }
-  // General strided view: gather element offsets offset + sum(i_d * stride_d).
-  Value idx = builder_.broadcast_to(offset_value(), sizes);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 1 || t.stride(d) == 0) continue;
-    Value term = builder_.binary("multiply", builder_.iota(DType::S64, sizes, d),
-                                 builder_.constant_int(DType::S64, t.stride(d), sizes));
-    idx = builder_.binary("add", idx, term);
-  }
-  std::vector<int64_t> idx_dims = sizes;
-  idx_dims.push_back(1);
-  idx = builder_.reshape(idx, idx_dims);
-  return builder_.gather(flat, idx, {}, {0}, {0}, t.dim(), {1}, sizes);
+  // General strided view: gather the elements at its offsets.
+  return builder_.gather(flat, element_offsets(t), {}, {0}, {0}, t.dim(), {1}, sizes);
 }
 
 void OpBuilder::write(const at::Tensor& dst, Value v) {
@@ -508,10 +513,6 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
     s.flat = builder_.reshape(v, {len});
     return;
   }
-  auto offset_value = [&] {
-    int64_t off = offset;
-    return param(device_scalar(device_, DType::S64, &off), ir::Type{DType::S64, {}});
-  };
   DenseBlock blk = dense_block(dst.sizes(), dst.strides());
   if (blk.ok) {
     // Drop broadcast (stride 0) and size-1 dims, then undo the permutation.
@@ -524,21 +525,11 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
     u = builder_.reshape(u, kept_sizes);
     for (int64_t d : blk.order) perm.push_back(position(blk.kept, d));
     u = builder_.reshape(builder_.transpose(u, perm), {blk.size});
-    s.flat = builder_.dynamic_update_slice(flat, u, {offset_value()});
+    s.flat = builder_.dynamic_update_slice(flat, u, {offset_param(offset)});
     return;
   }
-  Value idx = builder_.broadcast_to(offset_value(), sizes);
-  for (int64_t d = 0; d < dst.dim(); ++d) {
-    if (dst.size(d) == 1 || dst.stride(d) == 0) continue;
-    Value term = builder_.binary("multiply", builder_.iota(DType::S64, sizes, d),
-                                 builder_.constant_int(DType::S64, dst.stride(d), sizes));
-    idx = builder_.binary("add", idx, term);
-  }
-  std::vector<int64_t> idx_dims = sizes;
-  idx_dims.push_back(1);
-  idx = builder_.reshape(idx, idx_dims);
   std::vector<int64_t> inserted{0};
-  s.flat = builder_.scatter(flat, idx, v, {}, inserted, inserted, dst.dim(), "");
+  s.flat = builder_.scatter(flat, element_offsets(dst), v, {}, inserted, inserted, dst.dim(), "");
 }
 
 Value OpBuilder::scalar(const at::Scalar& s, at::ScalarType dtype) {

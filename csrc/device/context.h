@@ -105,6 +105,8 @@ class OpBuilder {
   };
   StorageSlot& slot(StorageState* s, ir::DType read_dtype);
   ir::Value param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type);
+  ir::Value offset_param(int64_t offset);
+  ir::Value element_offsets(const at::Tensor& t);
   int device_for(const at::Tensor& t);
 
   std::string op_;
