@@ -455,6 +455,17 @@ Value OpBuilder::element_offsets(const at::Tensor& t) {
   return builder_.reshape(idx, sizes);
 }
 
+Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
+  // The tensor's whole storage, as a flat array of the tensor's dtype.
+  device_for(t);
+  StorageState* st = state_of(t);
+  TORCH_CHECK(st, "pjrt: ", op_, ": tensor has no pjrt storage");
+  DType dtype = to_ir(t.scalar_type());
+  StorageSlot& s = slot(st, dtype);
+  if (slot_out) *slot_out = &s;
+  return builder_.bitcast_flat(s.flat, dtype);
+}
+
 Value OpBuilder::input(const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "pjrt: ", op_, ": undefined tensor argument");
   DType T = to_ir(t.scalar_type());
@@ -467,11 +478,7 @@ Value OpBuilder::input(const at::Tensor& t) {
     at::Tensor c = t.contiguous();
     return param(device_scalar(device, T, c.data_ptr()), ir::Type{T, {}});
   }
-  device_for(t);
-  StorageState* st = state_of(t);
-  TORCH_CHECK(st, "pjrt: ", op_, ": tensor has no pjrt storage");
-  StorageSlot& s = slot(st, T);
-  Value flat = builder_.bitcast_flat(s.flat, T);
+  Value flat = storage_flat(t, nullptr);
   int64_t len = builder_.dims(flat)[0];
   int64_t numel = t.numel();
   if (numel == 0) return builder_.constant(T, 0, sizes);
@@ -496,14 +503,12 @@ Value OpBuilder::input(const at::Tensor& t) {
 void OpBuilder::write(const at::Tensor& dst, Value v) {
   TORCH_CHECK(dst.device().is_privateuseone(), "pjrt: ", op_, ": output must be a pjrt tensor");
   at::assert_no_internal_overlap(dst);
-  device_for(dst);
   DType T = to_ir(dst.scalar_type());
   std::vector<int64_t> sizes(dst.sizes().begin(), dst.sizes().end());
   v = builder_.broadcast_to(builder_.convert(v, T), sizes);
-  StorageState* st = state_of(dst);
-  TORCH_CHECK(st, "pjrt: ", op_, ": output has no pjrt storage");
-  StorageSlot& s = slot(st, T);
-  Value flat = builder_.bitcast_flat(s.flat, T);
+  StorageSlot* slot_ptr = nullptr;
+  Value flat = storage_flat(dst, &slot_ptr);
+  StorageSlot& s = *slot_ptr;
   int64_t len = builder_.dims(flat)[0];
   int64_t numel = dst.numel();
   if (numel == 0) return;

@@ -106,6 +106,7 @@ class OpBuilder {
   StorageSlot& slot(StorageState* s, ir::DType read_dtype);
   ir::Value param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type);
   ir::Value offset_param(int64_t offset);
+  ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);
   ir::Value element_offsets(const at::Tensor& t);
   int device_for(const at::Tensor& t);
 
