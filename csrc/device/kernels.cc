@@ -668,6 +668,27 @@ at::Tensor std_fn(const at::Tensor& s, at::OptionalIntArrayRef d, const std::opt
   return var_std(s, d, c, k, true);
 }
 
+at::Tensor vector_norm_impl(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
+                            std::optional<at::ScalarType> dtype, const at::Tensor* into) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "linalg.vector_norm: Expected a floating point tensor as input. Got ",
+              self.scalar_type());
+  at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type());
+  double p = ord.toDouble();
+  TORCH_CHECK(p >= 0 || std::isinf(p), "pjrt: linalg.vector_norm with negative ord ", p, " is not supported");
+  OpBuilder op("aten::linalg_vector_norm");
+  Value r = L::vector_norm(op.b(), op.input(self), p, reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
+  return finish(op, r, out, into);
+}
+at::Tensor vector_norm_fn(const at::Tensor& s, const at::Scalar& o, at::OptionalIntArrayRef d, bool k,
+                          std::optional<at::ScalarType> t) {
+  return vector_norm_impl(s, o, d, k, t, nullptr);
+}
+at::Tensor& vector_norm_out(const at::Tensor& s, const at::Scalar& o, at::OptionalIntArrayRef d, bool k,
+                            std::optional<at::ScalarType> t, at::Tensor& out) {
+  vector_norm_impl(s, o, d, k, t, &out);
+  return out;
+}
+
 at::Tensor logsumexp_fn(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim) {
   OpBuilder op("aten::logsumexp");
   at::ScalarType out = float_result(self.scalar_type());
@@ -1523,6 +1544,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var.correction", var_fn);
   m.impl("std.correction", std_fn);
   m.impl("logsumexp", logsumexp_fn);
+  m.impl("linalg_vector_norm", vector_norm_fn);
+  m.impl("linalg_vector_norm.out", vector_norm_out);
   m.impl("all", all_fn);
   m.impl("any", any_fn);
   m.impl("all.dims", all_dims);

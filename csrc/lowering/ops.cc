@@ -398,6 +398,27 @@ std::vector<Value> arg_reduce(Builder& b, Value x, int64_t dim, bool keepdim, bo
   return {keep(b, res[0], in, {dim}, keepdim), keep(b, res[1], in, {dim}, keepdim)};
 }
 
+Value vector_norm(Builder& b, Value x, double p, std::vector<int64_t> dims, bool keepdim, DType out) {
+  auto in = b.dims(x);
+  dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
+  DType acc = acc_type(out);
+  Value a = b.unary("abs", b.convert(x, acc));
+  Value r;
+  if (std::isinf(p)) {
+    r = amax(b, a, dims, false, p > 0);
+  } else if (p == 0) {
+    r = sum(b, b.convert(b.compare(a, b.scalar_like(a, 0), "NE"), acc), dims, false, acc);
+  } else if (p == 1) {
+    r = sum(b, a, dims, false, acc);
+  } else if (p == 2) {
+    r = b.unary("sqrt", sum(b, b.binary("multiply", a, a), dims, false, acc));
+  } else {
+    Value s = sum(b, b.binary("power", a, b.scalar_like(a, p)), dims, false, acc);
+    r = b.binary("power", s, b.scalar_like(s, 1.0 / p));
+  }
+  return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
 Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, bool keepdim, DType out) {
   auto in = b.dims(x);
   dims = normalize_dims(dims, static_cast<int64_t>(in.size()));

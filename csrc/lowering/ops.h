@@ -39,6 +39,8 @@ Value amax(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is
 Value any_all(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is_all);
 // Returns {values, int64 indices} of max/min along dim (first occurrence, NaN wins).
 std::vector<Value> arg_reduce(Builder& b, Value x, int64_t dim, bool keepdim, bool is_max);
+// Vector p-norm over `dims` (empty = all): p in {inf, -inf, 0, 1, 2} or any p > 0.
+Value vector_norm(Builder& b, Value x, double p, std::vector<int64_t> dims, bool keepdim, DType out);
 Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, bool keepdim, DType out);
 Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
 Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out);

@@ -168,6 +168,10 @@ def test_reductions(dtype):
     check(lambda t: t.softmax(dim=1), x)
     check(lambda t: t.log_softmax(dim=-1), x)
     check(lambda t: t.prod(dim=0), x)
+    for ord in (2, 1, 3, float("inf"), 0):
+        check(lambda t: torch.linalg.vector_norm(t, ord), x)
+    check(lambda t: torch.linalg.vector_norm(t, 2, dim=(0, 2), keepdim=True), x)
+    check(lambda t: t.norm(dim=1), x)
 
 
 def test_int_bool_reductions():
