@@ -62,6 +62,12 @@ def synchronize(index: int = -1) -> None:
     _C._synchronize(index)
 
 
+def native_ops() -> list[str]:
+    """ATen operators (with overloads) that have a pjrt kernel, read from the dispatcher."""
+    regs = torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
+    return sorted(op for op in regs if op.startswith("aten::"))
+
+
 def platform() -> dict[str, object]:
     """The running plugin: platform name and version, PJRT C API version, attributes."""
     name, version, major, minor = _C._platform()
@@ -83,6 +89,7 @@ __all__ = [
     "fallback_mode",
     "metrics",
     "metrics_report",
+    "native_ops",
     "platform",
     "reset_metrics",
     "set_eager_mode",

@@ -36,6 +36,9 @@ def _log_fallback(op: str) -> None:
 
 
 def configure_from_env() -> None:
+    # XLA's INFO lines (e.g. "cpu_device_count set via create_options") are noise
+    # for users; the plugin reads this when it starts. An explicit setting wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     choice = _plugins.choose_plugin()
     devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
     _C._configure(choice.path, devices if choice.name == "cpu" else 0, cache_dir_from_env(), choice.hint)

@@ -1006,6 +1006,30 @@ at::Tensor& scatter_add_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, c
   return s;
 }
 
+// Data-dependent output shape: the mask is read on the host (a sync, as
+// nonzero is on every device), the indices are computed there and uploaded.
+at::Tensor nonzero_fn(const at::Tensor& self) {
+  at::Tensor host = to_cpu(self);
+  return host.nonzero().to(self.device());
+}
+at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  at::Tensor r = nonzero_fn(self);
+  at::native::resize_output(out, r.sizes());
+  out.copy_(r);
+  return out;
+}
+
+at::Tensor masked_select_fn(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_select: expected BoolTensor for mask");
+  auto shape = at::infer_size(self.sizes(), mask.sizes());
+  at::Tensor m = mask.expand(shape);
+  at::Tensor idx = nonzero_fn(m);
+  c10::List<std::optional<at::Tensor>> indices;
+  for (int64_t k = 0; k < idx.size(1); ++k) indices.push_back(idx.select(1, k));
+  if (shape.empty()) return self.reshape({1}).index({m.reshape({1})});
+  return self.expand(shape).index(indices);
+}
+
 // Advanced indexing. Bool masks need data-dependent shapes: they go through
 // nonzero (a host sync), as on every backend.
 std::vector<at::Tensor> expand_index_list(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
@@ -1590,6 +1614,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("scatter_add", scatter_add_fn);
   m.impl("scatter_add_", scatter_add_inplace);
   m.impl("index.Tensor", index_fn);
+  m.impl("nonzero", nonzero_fn);
+  m.impl("nonzero.out", nonzero_out);
+  m.impl("masked_select", masked_select_fn);
   m.impl("_index_put_impl_", index_put_impl);
 
   m.impl("threshold_backward", threshold_backward_fn);

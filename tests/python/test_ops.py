@@ -236,7 +236,11 @@ def test_indexing_ops():
     check(lambda t, i: torch.zeros(5, 4, device=t.device).scatter(1, i, t[:, :2].contiguous()), x, gi)
     check(lambda t, i: torch.zeros(5, 4, device=t.device).scatter_add(1, i, t[:, :2].contiguous()), x, gi)
     check(lambda t, i: torch.zeros(5, 4, device=t.device).scatter(1, i, 2.5), x, gi)
-    check(lambda t: t[t > 0], x, native=False)  # boolean masks need nonzero (a sync)
+    check(lambda t: t[t > 0], x)  # boolean masks: nonzero reads the mask on the host (a sync)
+    check(lambda t: t[t[:, 0] > 0], x)
+    check(lambda t: torch.masked_select(t, t > 0.5), x)
+    check(lambda t: torch.nonzero(t > 0), x)
+    check(lambda t: torch.masked_select(t, torch.tensor(True, device=t.device)), x[0, 0])
 
 
 def test_index_put():

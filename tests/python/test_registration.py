@@ -128,3 +128,18 @@ def test_import_torch_pjrt_before_torch():
     r = run_py("import torch_pjrt, torch; print(torch.ones(2, device='pjrt').sum().item())")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip().endswith("2.0")
+
+
+def test_printing_needs_no_cpu_fallback(dev):
+    with torch_pjrt.fallback_mode("error"):
+        text = repr(torch.tensor([1.5, float("nan"), float("inf"), -2.0, 1e10], device=dev))
+        repr(torch.arange(6, device=dev).reshape(2, 3))
+        repr(torch.tensor([True, False], device=dev))
+    assert "nan" in text and "inf" in text and "device='pjrt:0'" in text
+
+
+def test_native_ops_come_from_the_dispatcher():
+    ops = torch_pjrt.native_ops()
+    assert "aten::mm" in ops and "aten::_foreach_add_.List" in ops
+    assert not any(op.startswith("c10d::") for op in ops)
+    assert len(ops) > 300
