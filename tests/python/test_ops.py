@@ -326,3 +326,28 @@ def test_factories_and_fills(dev):
     e.fill_(2)
     assert_close(e, torch.full((4,), 2.0))
     assert_close(torch.zeros_like(e).zero_(), torch.zeros(4))
+
+
+BACKWARD = {
+    "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu, "silu": F.silu,
+    "gelu": F.gelu, "gelu_tanh": lambda t: F.gelu(t, approximate="tanh"), "softmax": lambda t: t.softmax(-1),
+    "log_softmax": lambda t: t.log_softmax(0), "dropout_eval": lambda t: F.dropout(t, 0.3, training=False),
+    "exp_log1p": lambda t: torch.log1p(t.exp()), "mse": lambda t: F.mse_loss(t, torch.ones_like(t)),
+    "matmul": lambda t: t @ t.t(), "sum_mean": lambda t: t.sum(0) * t.mean(1, keepdim=True),
+    "max_dim": lambda t: t.max(dim=1).values, "norm": lambda t: torch.linalg.vector_norm(t, dim=1),
+    "where": lambda t: torch.where(t > 0, t * 2, t.pow(2)), "clamp": lambda t: t.clamp(-0.5, 0.5),
+}
+
+
+@pytest.mark.parametrize("name", list(BACKWARD))
+def test_backward_kernels_match_cpu(name):
+    fn = BACKWARD[name]
+    x = make((4, 6), torch.float32)
+    w = make(tuple(fn(x).shape), torch.float32, seed=11)  # a non-uniform upstream gradient
+    grads = []
+    for device in ("cpu", "pjrt"):
+        t = x.detach().clone().to(device).requires_grad_()
+        with torch_pjrt.fallback_mode("error"):
+            (fn(t) * w.to(device)).sum().backward()
+        grads.append(t.grad)
+    assert_close(grads[1], grads[0])

@@ -47,6 +47,8 @@ VIEW_WRITES = [
     ("squeeze_unsqueeze", lambda b: b.unsqueeze(0)[0, 1:2].squeeze(0), lambda v: v.neg_()),
     ("flatten_chain", lambda b: b.t()[1:5].t()[::2], lambda v: v.add_(0.25)),
     ("view_dtype", lambda b: b.view(torch.int32), lambda v: v.bitwise_xor_(1)),
+    ("view_dtype_narrower", lambda b: b.view(torch.int16), lambda v: v[:, 1::2].add_(3)),
+    ("view_dtype_wider", lambda b: b.view(-1)[4:20].view(torch.float64), lambda v: v.mul_(2)),
     ("expand_read", lambda b: b[0:1].expand(3, 6), lambda v: v.sum().reshape(1)),
 ]
 
