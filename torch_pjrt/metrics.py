@@ -20,7 +20,7 @@ def metrics_report() -> str:
     lines = [
         "torch_pjrt metrics",
         f"  compiles            {m['compiles']} ({m['compile_seconds']:.2f} s)",
-        f"  memory cache hits   {m['memory_cache_hits']}",
+        f"  memory cache hits   {m['memory_cache_hits']} (evictions: {m['memory_cache_evictions']})",
         f"  disk cache hits     {m['disk_cache_hits']} (rejected entries: {m['disk_cache_rejects']})",
         f"  executions          {m['executions']}",
         f"  host syncs          {m['host_syncs']}",

@@ -17,6 +17,7 @@ void Metrics::reset() {
   compiles = 0;
   compile_ns = 0;
   memory_cache_hits = 0;
+  memory_cache_evictions = 0;
   disk_cache_hits = 0;
   disk_cache_rejects = 0;
   executions = 0;
@@ -174,6 +175,7 @@ Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::Clie
 Runtime::~Runtime() {
   // Executables must go before the client.
   std::lock_guard<std::mutex> lock(mu_);
+  recency_.clear();
   memory_.clear();
 }
 
@@ -193,7 +195,23 @@ size_t Runtime::memory_cache_size() {
 
 void Runtime::clear_memory_cache() {
   std::lock_guard<std::mutex> lock(mu_);
+  recency_.clear();
   memory_.clear();
+}
+
+void Runtime::set_memory_cache_capacity(size_t capacity) {
+  std::lock_guard<std::mutex> lock(mu_);
+  capacity_ = std::max<size_t>(1, capacity);
+  evict_locked();
+}
+
+void Runtime::evict_locked() {
+  while (memory_.size() > capacity_) {
+    const std::string* oldest = recency_.back();
+    recency_.pop_back();
+    memory_.erase(*oldest);
+    metrics().memory_cache_evictions++;
+  }
 }
 
 std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::string& mlir,
@@ -203,7 +221,8 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::st
     auto it = memory_.find(mlir);
     if (it != memory_.end()) {
       metrics().memory_cache_hits++;
-      return it->second;
+      recency_.splice(recency_.begin(), recency_, it->second.recency);
+      return it->second.exe;
     }
   }
   std::shared_ptr<runtime::LoadedExecutable> exe;
@@ -238,7 +257,12 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::st
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  memory_.emplace(mlir, exe);
+  auto [it, inserted] = memory_.try_emplace(mlir, Entry{exe, {}});
+  if (inserted) {
+    recency_.push_front(&it->first);
+    it->second.recency = recency_.begin();
+    evict_locked();
+  }
   return exe;
 }
 

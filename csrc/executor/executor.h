@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <list>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -18,6 +19,7 @@ struct Metrics {
   std::atomic<int64_t> compiles{0};
   std::atomic<int64_t> compile_ns{0};
   std::atomic<int64_t> memory_cache_hits{0};
+  std::atomic<int64_t> memory_cache_evictions{0};
   std::atomic<int64_t> disk_cache_hits{0};
   std::atomic<int64_t> disk_cache_rejects{0};  // corrupt, truncated or mismatched entries
   std::atomic<int64_t> executions{0};
@@ -73,13 +75,23 @@ class Runtime {
   void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir); }
   size_t memory_cache_size();
   void clear_memory_cache();
+  // Least recently used executables beyond `capacity` are dropped (the disk
+  // tier reloads them cheaply); bounds memory under shape churn.
+  void set_memory_cache_capacity(size_t capacity);
 
  private:
   std::unique_ptr<runtime::Client> client_;
   std::string identity_;
   DiskCache disk_;
   std::mutex mu_;
-  std::unordered_map<std::string, std::shared_ptr<runtime::LoadedExecutable>> memory_;
+  struct Entry {
+    std::shared_ptr<runtime::LoadedExecutable> exe;
+    std::list<const std::string*>::iterator recency;  // position in recency_
+  };
+  std::unordered_map<std::string, Entry> memory_;
+  std::list<const std::string*> recency_;  // most recently used first; points at memory_'s keys
+  size_t capacity_ = 4096;
+  void evict_locked();
 };
 
 std::string hex64(uint64_t v);

@@ -23,6 +23,7 @@ py::dict metrics_dict() {
   d["compiles"] = m.compiles.load();
   d["compile_seconds"] = static_cast<double>(m.compile_ns.load()) / 1e9;
   d["memory_cache_hits"] = m.memory_cache_hits.load();
+  d["memory_cache_evictions"] = m.memory_cache_evictions.load();
   d["disk_cache_hits"] = m.disk_cache_hits.load();
   d["disk_cache_rejects"] = m.disk_cache_rejects.load();
   d["executions"] = m.executions.load();
@@ -105,6 +106,7 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("_cache_dir", [] { return device::rt().disk_cache().dir(); });
   mod.def("_memory_cache_size", [] { return device::rt().memory_cache_size(); });
   mod.def("_clear_memory_cache", [] { device::rt().clear_memory_cache(); });
+  mod.def("_set_memory_cache_capacity", [](size_t n) { device::rt().set_memory_cache_capacity(n); });
   mod.def("_default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(device::default_generator(d)));
   });

@@ -148,3 +148,26 @@ TEST(Executor, RuntimeCachesExecutables) {
     EXPECT_EQ(executor::metrics().disk_cache_hits, 1);
   }
 }
+
+TEST(Executor, MemoryCacheEvictsLeastRecentlyUsed) {
+  executor::metrics().reset();
+  executor::Runtime rt(plugin_path(), {{"cpu_device_count", 1}}, "");
+  rt.set_memory_cache_capacity(2);
+  auto module = [](int64_t n) {
+    ir::Graph g;
+    ir::Builder b(g);
+    g.set_outputs({b.unary("negate", g.param({ir::DType::F32, {n}}))});
+    return g.to_mlir();
+  };
+  rt.get_executable(module(1), "neg");
+  rt.get_executable(module(2), "neg");
+  rt.get_executable(module(1), "neg");  // 1 is now the most recent
+  rt.get_executable(module(3), "neg");  // evicts 2
+  EXPECT_EQ(rt.memory_cache_size(), 2u);
+  EXPECT_EQ(executor::metrics().memory_cache_evictions, 1);
+  int64_t compiles = executor::metrics().compiles;
+  rt.get_executable(module(1), "neg");
+  EXPECT_EQ(executor::metrics().compiles, compiles);  // still cached
+  rt.get_executable(module(2), "neg");
+  EXPECT_EQ(executor::metrics().compiles, compiles + 1);  // was evicted
+}
