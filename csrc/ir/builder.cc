@@ -124,6 +124,9 @@ Value Builder::reshape(Value v, const std::vector<int64_t>& dims) {
 
 Value Builder::broadcast_in_dim(Value v, const std::vector<int64_t>& dims,
                                 const std::vector<int64_t>& mapping) {
+  bool identity = this->dims(v) == dims;
+  for (size_t i = 0; identity && i < mapping.size(); ++i) identity = mapping[i] == static_cast<int64_t>(i);
+  if (identity) return v;
   return g_.add("stablehlo.broadcast_in_dim", {v}, Type{dtype(v), dims},
                 "broadcast_dimensions = " + i64_array(mapping));
 }
