@@ -143,3 +143,18 @@ def test_native_ops_come_from_the_dispatcher():
     assert "aten::mm" in ops and "aten::_foreach_add_.List" in ops
     assert not any(op.startswith("c10d::") for op in ops)
     assert len(ops) > 300
+
+
+def test_accelerator_memory_and_events(dev):
+    torch.accelerator.reset_peak_memory_stats()
+    base = torch.accelerator.memory_allocated()
+    x = torch.ones(1000, device=dev)
+    assert torch.accelerator.memory_allocated() == base + 4000
+    assert torch.accelerator.max_memory_allocated() >= base + 4000
+    assert torch.accelerator.memory_stats()["allocated_bytes.all.current"] == base + 4000
+    event = torch.Event(device="pjrt")
+    y = x * 2
+    event.record()
+    event.synchronize()
+    assert event.query()
+    assert y.sum().item() == 2000
