@@ -48,6 +48,11 @@ from . import device_module  # noqa: E402
 torch._register_device_module(DEVICE_NAME, device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
+from . import _dispatch_fixes, autocast  # noqa: E402
+
+_dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
+autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
+
 from .metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from .modes import debug_mode, eager_mode, fallback_mode, set_eager_mode, set_fallback_mode  # noqa: E402
 
