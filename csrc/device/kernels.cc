@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/kernel_util.h"
 #include "lowering/ops.h"
 
 namespace torch_pjrt::device {
@@ -15,27 +16,6 @@ namespace {
 
 using ir::Value;
 namespace L = lowering;
-
-std::vector<int64_t> vec(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
-
-// Finishes an op: a fresh result, or a write into `into` (in-place / out=).
-at::Tensor finish(OpBuilder& op, Value v, at::ScalarType dtype, const at::Tensor* into) {
-  if (into) {
-    at::Tensor dst = *into;
-    auto shape = op.b().dims(v);
-    if (!dst.sizes().equals(shape)) at::native::resize_output(dst, shape);
-    op.write(dst, v);
-    op.run();
-    return dst;
-  }
-  at::Tensor t = op.output(v, dtype);
-  op.run();
-  return t;
-}
-
-at::ScalarType float_result(at::ScalarType t) {
-  return at::isIntegralType(t, /*includeBool=*/true) ? c10::typeMetaToScalarType(c10::get_default_dtype()) : t;
-}
 
 // ---------------------------------------------------------------- elementwise
 
@@ -161,11 +141,6 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   return finish(op, r, out, into);
 }
 
-at::Tensor scalar_tensor_like(const at::Scalar& s) {
-  at::Tensor t = at::scalar_tensor(s, at::TensorOptions().dtype(s.type()));
-  t.unsafeGetTensorImpl()->set_wrapped_number(true);
-  return t;
-}
 
 #define BINARY_KERNELS(NAME, OVERLOAD, CMP, TDIV)                                                          \
   at::Tensor NAME##_fn(const at::Tensor& self, const at::Tensor& other) {                                \

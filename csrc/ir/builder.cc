@@ -69,6 +69,35 @@ Value Builder::constant(DType dtype, double value, const std::vector<int64_t>& d
                 "value = dense<" + float_literal(dtype, value) + "> : " + t.str());
 }
 
+Value Builder::constant_array(DType dtype, const std::vector<double>& values, const std::vector<int64_t>& dims) {
+  // A hex blob of the raw little-endian elements: exact, and compact for large tables.
+  std::ostringstream os;
+  os << "0x" << std::hex << std::uppercase;
+  auto put = [&os](const void* p, size_t n) {
+    const auto* bytes = static_cast<const unsigned char*>(p);
+    for (size_t i = 0; i < n; ++i) {
+      os.width(2);
+      os.fill('0');
+      os << static_cast<unsigned>(bytes[i]);
+    }
+  };
+  for (double v : values) {
+    if (dtype == DType::F32) {
+      float f = static_cast<float>(v);
+      put(&f, 4);
+    } else if (dtype == DType::F64) {
+      put(&v, 8);
+    } else if (dtype == DType::S64) {
+      int64_t i = static_cast<int64_t>(v);
+      put(&i, 8);
+    } else {
+      throw std::invalid_argument("constant_array: unsupported dtype");
+    }
+  }
+  Type t{dtype, dims};
+  return g_.add("stablehlo.constant", {}, t, "value = dense<\"" + os.str() + "\"> : " + t.str());
+}
+
 Value Builder::constant_int(DType dtype, int64_t value, const std::vector<int64_t>& dims) {
   if (is_floating(dtype)) return constant(dtype, static_cast<double>(value), dims);
   Type t{dtype, dims};
@@ -214,6 +243,7 @@ Value Builder::reverse(Value v, const std::vector<int64_t>& rdims) {
 
 Value Builder::unary(const std::string& op, Value v) {
   if (op == "is_finite") return g_.add("stablehlo.is_finite", {v}, Type{DType::Pred, dims(v)});
+  if (op.find('.') != std::string::npos) return g_.add(op, {v}, type(v));
   return g_.add("stablehlo." + op, {v}, type(v));
 }
 
@@ -284,6 +314,69 @@ std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::
   operands.insert(operands.end(), inits.begin(), inits.end());
   return g_.add_multi("stablehlo.reduce", operands, results, "dimensions = " + i64_array(rdims),
                       {region});
+}
+
+namespace {
+std::string padding_attr(const std::vector<std::pair<int64_t, int64_t>>& padding) {
+  std::string s = "dense<[";
+  for (size_t i = 0; i < padding.size(); ++i) {
+    if (i) s += ", ";
+    s += "[" + std::to_string(padding[i].first) + ", " + std::to_string(padding[i].second) + "]";
+  }
+  return s + "]> : tensor<" + std::to_string(padding.size()) + "x2xi64>";
+}
+}  // namespace
+
+Value Builder::convolution(Value lhs, Value rhs, const std::string& dimension_numbers,
+                           const std::vector<int64_t>& window_strides,
+                           const std::vector<std::pair<int64_t, int64_t>>& padding,
+                           const std::vector<int64_t>& lhs_dilation, const std::vector<int64_t>& rhs_dilation,
+                           int64_t feature_group_count, int64_t batch_group_count,
+                           const std::vector<int64_t>& result_dims, DType result) {
+  std::string attrs = "batch_group_count = " + std::to_string(batch_group_count) +
+                      " : i64, dimension_numbers = #stablehlo.conv<" + dimension_numbers +
+                      ">, feature_group_count = " + std::to_string(feature_group_count) +
+                      " : i64, lhs_dilation = " + i64_array(lhs_dilation) +
+                      ", padding = " + padding_attr(padding) + ", rhs_dilation = " + i64_array(rhs_dilation) +
+                      ", window_strides = " + i64_array(window_strides);
+  return g_.add("stablehlo.convolution", {lhs, rhs}, Type{result, result_dims}, attrs);
+}
+
+std::vector<Value> Builder::reduce_window(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                          const Window& w, const ReduceBody& body) {
+  auto region = std::make_shared<Graph>();
+  Builder rb(*region);
+  std::vector<Value> lhs, rhs;
+  for (Value v : inputs) lhs.push_back(region->param(Type{dtype(v), {}}));
+  for (Value v : inputs) rhs.push_back(region->param(Type{dtype(v), {}}));
+  region->set_outputs(body(rb, lhs, rhs));
+  const auto& in = dims(inputs[0]);
+  size_t r = in.size();
+  auto get = [r](const std::vector<int64_t>& v, size_t i) { return v.empty() ? int64_t{1} : v[i]; };
+  std::vector<int64_t> out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t dilated_in = in[i] == 0 ? 0 : (in[i] - 1) * get(w.base_dilations, i) + 1;
+    int64_t padded = dilated_in + (w.padding.empty() ? 0 : w.padding[i].first + w.padding[i].second);
+    int64_t dilated_window = (w.dims[i] - 1) * get(w.window_dilations, i) + 1;
+    out[i] = padded < dilated_window ? 0 : (padded - dilated_window) / get(w.strides, i) + 1;
+  }
+  std::string attrs = "window_dimensions = " + i64_array(w.dims);
+  if (!w.strides.empty()) attrs += ", window_strides = " + i64_array(w.strides);
+  if (!w.base_dilations.empty()) attrs += ", base_dilations = " + i64_array(w.base_dilations);
+  if (!w.window_dilations.empty()) attrs += ", window_dilations = " + i64_array(w.window_dilations);
+  if (!w.padding.empty()) attrs += ", padding = " + padding_attr(w.padding);
+  std::vector<Type> results;
+  for (Value v : inputs) results.push_back(Type{dtype(v), out});
+  std::vector<Value> operands = inputs;
+  operands.insert(operands.end(), inits.begin(), inits.end());
+  return g_.add_multi("stablehlo.reduce_window", operands, results, attrs, {region});
+}
+
+Value Builder::reduce_window_simple(Value input, Value init, const Window& window, const std::string& op) {
+  return reduce_window({input}, {init}, window,
+                       [&](Builder& b, const std::vector<Value>& l, const std::vector<Value>& r) {
+                         return std::vector<Value>{b.binary(op, l[0], r[0])};
+                       })[0];
 }
 
 Value Builder::reduce_simple(Value input, Value init, const std::vector<int64_t>& rdims,

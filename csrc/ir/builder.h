@@ -23,6 +23,8 @@ class Builder {
   Value constant(DType dtype, double value, const std::vector<int64_t>& dims = {});
   Value constant_int(DType dtype, int64_t value, const std::vector<int64_t>& dims = {});
   Value iota(DType dtype, const std::vector<int64_t>& dims, int64_t dim);
+  // A constant holding `values` (row-major) in dtype F32, F64 or S64.
+  Value constant_array(DType dtype, const std::vector<double>& values, const std::vector<int64_t>& dims);
 
   Value convert(Value v, DType dtype);
   // Reinterprets bits; handles different element sizes by adding/removing a minor dim.
@@ -43,7 +45,8 @@ class Builder {
             const std::vector<int64_t>& high, const std::vector<int64_t>& interior);
   Value reverse(Value v, const std::vector<int64_t>& dims);
 
-  Value unary(const std::string& op, Value v);  // "exponential", "log", "negate" ...
+  // "exponential", "log", "negate" ... (stablehlo); a dotted name ("chlo.lgamma") is used as is.
+  Value unary(const std::string& op, Value v);
   Value binary(const std::string& op, Value a, Value b);  // same shapes and dtypes
   // Compare: direction EQ NE LT LE GT GE; result i1.
   Value compare(Value a, Value b, const std::string& direction);
@@ -54,11 +57,28 @@ class Builder {
                     const std::vector<int64_t>& rhs_batch, const std::vector<int64_t>& lhs_contract,
                     const std::vector<int64_t>& rhs_contract, DType result);
 
+  // Convolution with explicit dimension numbers ("[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]");
+  // padding holds (low, high) per spatial dim.
+  Value convolution(Value lhs, Value rhs, const std::string& dimension_numbers,
+                    const std::vector<int64_t>& window_strides,
+                    const std::vector<std::pair<int64_t, int64_t>>& padding,
+                    const std::vector<int64_t>& lhs_dilation, const std::vector<int64_t>& rhs_dilation,
+                    int64_t feature_group_count, int64_t batch_group_count,
+                    const std::vector<int64_t>& result_dims, DType result);
+
   // Reduces `inputs` over `dims` with a body built by `body(builder, lhs_args, rhs_args)`.
   using ReduceBody =
       std::function<std::vector<Value>(Builder&, const std::vector<Value>&, const std::vector<Value>&)>;
   std::vector<Value> reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
                             const std::vector<int64_t>& dims, const ReduceBody& body);
+  // Windowed reduction (pooling, cumulative scans); padding holds (low, high) per dim.
+  struct Window {
+    std::vector<int64_t> dims, strides, base_dilations, window_dilations;
+    std::vector<std::pair<int64_t, int64_t>> padding;
+  };
+  std::vector<Value> reduce_window(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                   const Window& window, const ReduceBody& body);
+  Value reduce_window_simple(Value input, Value init, const Window& window, const std::string& op);
   Value reduce_simple(Value input, Value init, const std::vector<int64_t>& dims,
                       const std::string& op);  // op: "stablehlo.add", "stablehlo.maximum" ...
 

@@ -213,6 +213,35 @@ const std::map<std::string, BinaryFn>& binary_table() {
 
 }  // namespace
 
+DType accumulate_type(DType d) { return acc_type(d); }
+
+Value lowest(Builder& b, DType d, const std::vector<int64_t>& dims) {
+  switch (d) {
+    case DType::Pred: return b.constant_int(d, 0, dims);
+    case DType::S8: return b.constant_int(d, INT8_MIN, dims);
+    case DType::S16: return b.constant_int(d, INT16_MIN, dims);
+    case DType::S32: return b.constant_int(d, INT32_MIN, dims);
+    case DType::S64: return b.constant_int(d, INT64_MIN, dims);
+    case DType::U8: case DType::U16: case DType::U32: case DType::U64: return b.constant_int(d, 0, dims);
+    default: return b.constant(d, -INFINITY, dims);
+  }
+}
+
+Value highest(Builder& b, DType d, const std::vector<int64_t>& dims) {
+  switch (d) {
+    case DType::Pred: return b.constant_int(d, 1, dims);
+    case DType::S8: return b.constant_int(d, INT8_MAX, dims);
+    case DType::S16: return b.constant_int(d, INT16_MAX, dims);
+    case DType::S32: return b.constant_int(d, INT32_MAX, dims);
+    case DType::S64: return b.constant_int(d, INT64_MAX, dims);
+    case DType::U8: return b.constant_int(d, UINT8_MAX, dims);
+    case DType::U16: return b.constant_int(d, UINT16_MAX, dims);
+    case DType::U32: return b.constant_int(d, UINT32_MAX, dims);
+    case DType::U64: return b.constant_int(d, -1, dims);
+    default: return b.constant(d, INFINITY, dims);
+  }
+}
+
 bool has_unary(const std::string& name) { return unary_table().count(name) > 0; }
 bool has_binary(const std::string& name) { return binary_table().count(name) > 0; }
 

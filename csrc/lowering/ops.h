@@ -15,6 +15,12 @@ using ir::Builder;
 using ir::DType;
 using ir::Value;
 
+// The dtype reductions accumulate in: f32 for f16/bf16, else the dtype itself.
+DType accumulate_type(DType d);
+// Smallest / largest value of a dtype (-inf / +inf for floats), as a splat of `dims`.
+Value lowest(Builder& b, DType d, const std::vector<int64_t>& dims = {});
+Value highest(Builder& b, DType d, const std::vector<int64_t>& dims = {});
+
 // True if `name` has an elementwise lowering below.
 bool has_unary(const std::string& name);
 bool has_binary(const std::string& name);

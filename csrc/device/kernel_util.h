@@ -1,0 +1,42 @@
+// Small helpers shared by the ATen kernel translation units.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/native/Resize.h>
+
+#include <vector>
+
+#include "device/context.h"
+
+namespace torch_pjrt::device {
+
+inline std::vector<int64_t> vec(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
+
+// Finishes an op: a fresh result, or a write into `into` (in-place / out=).
+inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const at::Tensor* into) {
+  if (into) {
+    at::Tensor dst = *into;
+    auto shape = op.b().dims(v);
+    if (!dst.sizes().equals(shape)) at::native::resize_output(dst, shape);
+    op.write(dst, v);
+    op.run();
+    return dst;
+  }
+  at::Tensor t = op.output(v, dtype);
+  op.run();
+  return t;
+}
+
+// Integer/bool inputs produce the default float dtype (torch's "int to float" ops).
+inline at::ScalarType float_result(at::ScalarType t) {
+  return at::isIntegralType(t, /*includeBool=*/true) ? c10::typeMetaToScalarType(c10::get_default_dtype()) : t;
+}
+
+// A wrapped-number 0-d CPU tensor (type promotion treats it like a Python scalar).
+inline at::Tensor scalar_tensor_like(const at::Scalar& s) {
+  at::Tensor t = at::scalar_tensor(s, at::TensorOptions().dtype(s.type()));
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+}  // namespace torch_pjrt::device

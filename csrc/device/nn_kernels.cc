@@ -1,0 +1,1093 @@
+// Native ATen kernels for neural-network ops: convolution, pooling,
+// normalization, resampling, padding, scans/sorting and losses. Each kernel
+// checks its arguments like the CPU kernel does, then lowers through lowering/nn.h.
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+#include "device/context.h"
+#include "device/kernel_util.h"
+#include "lowering/nn.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Builder;
+using ir::Value;
+namespace L = lowering;
+
+// Expands a 1-element list (or an empty one, to `fallback`) to n entries.
+std::vector<int64_t> expand_param(c10::IntArrayRef v, size_t n, const char* op, const char* what,
+                                  c10::IntArrayRef fallback = {}) {
+  if (v.empty() && !fallback.empty()) v = fallback;
+  TORCH_CHECK(v.size() == 1 || v.size() == n, op, ": ", what, " must be a single int or a tuple of ", n,
+              " ints, got ", v);
+  return v.size() == 1 ? std::vector<int64_t>(n, v[0]) : vec(v);
+}
+
+std::vector<int64_t> spatial(const at::Tensor& t, size_t n) {
+  return std::vector<int64_t>(t.sizes().end() - static_cast<int64_t>(n), t.sizes().end());
+}
+
+at::Tensor undefined_unless(bool keep, const at::Tensor& t) { return keep ? t : at::Tensor(); }
+
+// ---------------------------------------------------------------- convolution
+
+L::ConvParams conv_params(size_t n, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                          int64_t groups) {
+  L::ConvParams p;
+  p.stride = expand_param(stride, n, "convolution", "stride");
+  p.padding = expand_param(padding, n, "convolution", "padding");
+  p.dilation = expand_param(dilation, n, "convolution", "dilation");
+  p.groups = groups;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(p.stride[i] > 0, "convolution: non-positive stride is not supported");
+    TORCH_CHECK(p.padding[i] >= 0, "convolution: negative padding is not supported");
+    TORCH_CHECK(p.dilation[i] > 0, "convolution: dilation should be greater than zero");
+  }
+  TORCH_CHECK(groups > 0, "convolution: non-positive groups is not supported");
+  return p;
+}
+
+void check_conv(const at::Tensor& input, const at::Tensor& weight, bool transposed, int64_t groups) {
+  TORCH_CHECK(input.dim() >= 3 && input.dim() <= 5 && weight.dim() == input.dim(), "convolution: expected ",
+              weight.dim(), "D input with a batch dimension for ", weight.dim(), "D weight, but got input of size ",
+              input.sizes());
+  TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "convolution: input type (", input.scalar_type(),
+              ") and weight type (", weight.scalar_type(), ") should be the same");
+  int64_t in_channels = transposed ? weight.size(0) : weight.size(1) * groups;
+  TORCH_CHECK(input.size(1) == in_channels, "convolution: given groups=", groups, ", weight of size ",
+              weight.sizes(), ", expected input", input.sizes(), " to have ", in_channels,
+              " channels, but got ", input.size(1), " channels instead");
+  TORCH_CHECK(weight.size(0) % (transposed ? groups : groups) == 0, "convolution: weight's first dimension ",
+              weight.size(0), " is not divisible by groups=", groups);
+}
+
+at::Tensor convolution_fn(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                          c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
+                          bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
+  check_conv(input, weight, transposed, groups);
+  size_t n = input.dim() - 2;
+  auto p = conv_params(n, stride, padding, dilation, groups);
+  OpBuilder op("aten::convolution");
+  auto& b = op.b();
+  Value x = op.input(input), w = op.input(weight);
+  Value y;
+  if (!transposed) {
+    auto out = L::conv_output_size(spatial(input, n), spatial(weight, n), p);
+    for (int64_t o : out) {
+      TORCH_CHECK(o > 0, "convolution: calculated output size ", c10::IntArrayRef(out),
+                  " is too small for input of size ", input.sizes(), " and kernel ", weight.sizes());
+    }
+    y = L::conv_forward(b, x, w, p);
+  } else {
+    auto op_pad = expand_param(output_padding, n, "conv_transpose", "output_padding");
+    std::vector<int64_t> out;
+    for (size_t i = 0; i < n; ++i) {
+      TORCH_CHECK(op_pad[i] < p.stride[i] || op_pad[i] < p.dilation[i],
+                  "conv_transpose: output padding must be smaller than either stride or dilation");
+      out.push_back((input.size(2 + i) - 1) * p.stride[i] - 2 * p.padding[i] + p.dilation[i] * (weight.size(2 + i) - 1) +
+                    op_pad[i] + 1);
+    }
+    y = L::conv_input_grad(b, x, w, p, out);
+  }
+  if (bias && bias->defined()) {
+    y = b.binary("add", y, b.broadcast_in_dim(b.convert(op.input(*bias), b.dtype(y)), b.dims(y), {1}));
+  }
+  return finish(op, y, input.scalar_type(), nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups, std::array<bool, 3> mask) {
+  check_conv(input, weight, transposed, groups);
+  size_t n = input.dim() - 2;
+  auto p = conv_params(n, stride, padding, dilation, groups);
+  OpBuilder op("aten::convolution_backward");
+  auto& b = op.b();
+  Value g = op.input(grad), x = op.input(input), w = op.input(weight);
+  at::Tensor gi, gw, gb;
+  if (mask[0]) {
+    Value v = transposed ? L::conv_forward(b, g, w, p) : L::conv_input_grad(b, g, w, p, spatial(input, n));
+    gi = op.output(v, input.scalar_type());
+  }
+  if (mask[1]) {
+    Value v = transposed ? L::conv_weight_grad(b, g, x, p, spatial(weight, n))
+                         : L::conv_weight_grad(b, x, g, p, spatial(weight, n));
+    gw = op.output(v, weight.scalar_type());
+  }
+  if (mask[2]) {
+    std::vector<int64_t> dims{0};
+    for (int64_t i = 2; i < grad.dim(); ++i) dims.push_back(i);
+    gb = op.output(L::sum(b, g, dims, false, b.dtype(g)), grad.scalar_type());
+  }
+  op.run();
+  return {gi, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_fn(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, at::OptionalIntArrayRef,
+    c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef,
+    int64_t groups, std::array<bool, 3> mask) {
+  return convolution_backward_impl(grad, input, weight, stride, padding, dilation, transposed, groups, mask);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable_fn(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
+    c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef, int64_t groups,
+    std::array<bool, 3> mask) {
+  return convolution_backward_impl(grad, input, weight, stride, padding, dilation, transposed, groups, mask);
+}
+
+// ---------------------------------------------------------------- pooling
+
+L::PoolParams pool_params(const char* op, size_t n, c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                          c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode, const at::Tensor& self) {
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, op,
+              ": non-empty ", n + 1, "D or ", n + 2, "D (batch mode) tensor expected for input, got ", self.sizes());
+  L::PoolParams p;
+  p.kernel = expand_param(kernel, n, op, "kernel_size");
+  p.stride = expand_param(stride, n, op, "stride", kernel);
+  p.padding = expand_param(padding, n, op, "padding");
+  p.dilation = dilation.empty() ? std::vector<int64_t>(n, 1) : expand_param(dilation, n, op, "dilation");
+  p.ceil_mode = ceil_mode;
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(p.kernel[i] > 0 && p.stride[i] > 0 && p.dilation[i] > 0, op,
+                ": kernel size, stride and dilation should be greater than zero");
+    TORCH_CHECK(p.padding[i] >= 0 && p.padding[i] <= p.kernel[i] / 2, op,
+                ": pad should be at most half of effective kernel size, but got pad=", p.padding[i],
+                ", kernel_size=", p.kernel[i]);
+  }
+  auto out = L::pool_output_size(spatial(self, n), p);
+  for (int64_t o : out) {
+    TORCH_CHECK(o > 0, op, ": given input size ", self.sizes(), ", calculated output size ",
+                c10::IntArrayRef(out), " is too small");
+  }
+  return p;
+}
+
+std::tuple<at::Tensor, at::Tensor> max_pool_fn(size_t n, const char* name, const at::Tensor& self,
+                                               c10::IntArrayRef kernel, c10::IntArrayRef stride,
+                                               c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode) {
+  auto p = pool_params(name, n, kernel, stride, padding, dilation, ceil_mode, self);
+  OpBuilder op(std::string("aten::") + name);
+  auto r = L::max_pool(op.b(), op.input(self), p);
+  at::Tensor v = op.output(r[0], self.scalar_type());
+  at::Tensor i = op.output(r[1], at::kLong);
+  op.run();
+  return {v, i};
+}
+
+at::Tensor max_pool_backward_fn(size_t n, const char* name, const at::Tensor& grad, const at::Tensor& self,
+                                const at::Tensor& indices) {
+  OpBuilder op(std::string("aten::") + name);
+  Value r = L::max_pool_backward(op.b(), op.input(grad), op.input(indices), vec(self.sizes()), n);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+#define MAX_POOL_KERNELS(N)                                                                                    \
+  std::tuple<at::Tensor, at::Tensor> max_pool##N##d_fn(const at::Tensor& s, c10::IntArrayRef k,                \
+                                                       c10::IntArrayRef st, c10::IntArrayRef p,                \
+                                                       c10::IntArrayRef d, bool c) {                           \
+    return max_pool_fn(N, "max_pool" #N "d_with_indices", s, k, st, p, d, c);                                  \
+  }                                                                                                            \
+  at::Tensor max_pool##N##d_backward_fn(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef,            \
+                                        c10::IntArrayRef, c10::IntArrayRef, c10::IntArrayRef, bool,            \
+                                        const at::Tensor& i) {                                                 \
+    return max_pool_backward_fn(N, "max_pool" #N "d_with_indices_backward", g, s, i);                          \
+  }
+MAX_POOL_KERNELS(2)
+MAX_POOL_KERNELS(3)
+
+at::Tensor avg_pool_fn(size_t n, const char* name, const at::Tensor& self, c10::IntArrayRef kernel,
+                       c10::IntArrayRef stride, c10::IntArrayRef padding, bool ceil_mode, bool count_include_pad,
+                       std::optional<int64_t> divisor) {
+  TORCH_CHECK(!divisor || *divisor != 0, name, ": divisor must be not zero");
+  auto p = pool_params(name, n, kernel, stride, padding, {}, ceil_mode, self);
+  OpBuilder op(std::string("aten::") + name);
+  Value r = L::avg_pool(op.b(), op.input(self), p, count_include_pad, divisor.value_or(0));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+at::Tensor avg_pool_backward_fn(size_t n, const char* name, const at::Tensor& grad, const at::Tensor& self,
+                                c10::IntArrayRef kernel, c10::IntArrayRef stride, c10::IntArrayRef padding,
+                                bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor) {
+  auto p = pool_params(name, n, kernel, stride, padding, {}, ceil_mode, self);
+  OpBuilder op(std::string("aten::") + name);
+  Value r = L::avg_pool_backward(op.b(), op.input(grad), vec(self.sizes()), p, count_include_pad, divisor.value_or(0));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+#define AVG_POOL_KERNELS(N)                                                                                      \
+  at::Tensor avg_pool##N##d_fn(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef st, c10::IntArrayRef p, \
+                               bool c, bool cip, std::optional<int64_t> d) {                                     \
+    return avg_pool_fn(N, "avg_pool" #N "d", s, k, st, p, c, cip, d);                                            \
+  }                                                                                                              \
+  at::Tensor avg_pool##N##d_backward_fn(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef k,           \
+                                        c10::IntArrayRef st, c10::IntArrayRef p, bool c, bool cip,               \
+                                        std::optional<int64_t> d) {                                              \
+    return avg_pool_backward_fn(N, "avg_pool" #N "d_backward", g, s, k, st, p, c, cip, d);                      \
+  }
+AVG_POOL_KERNELS(2)
+AVG_POOL_KERNELS(3)
+
+at::Tensor adaptive_avg_pool_fn(size_t n, const char* name, const at::Tensor& self, c10::IntArrayRef output_size) {
+  TORCH_CHECK(output_size.size() == n, name, ": output_size must be ", n);
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
+              ": expected ", n + 1, "D or ", n + 2, "D tensor, got ", self.sizes());
+  for (int64_t i = 1; i < self.dim(); ++i) {
+    TORCH_CHECK(self.size(i) > 0, name, ": expected input to have non-zero size for non-batch dimensions, but input has sizes ",
+                self.sizes());
+  }
+  OpBuilder op(std::string("aten::") + name);
+  Value r = L::adaptive_avg_pool(op.b(), op.input(self), vec(output_size));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+at::Tensor adaptive_avg_pool2d_fn(const at::Tensor& s, c10::IntArrayRef o) {
+  return adaptive_avg_pool_fn(2, "_adaptive_avg_pool2d", s, o);
+}
+at::Tensor adaptive_avg_pool3d_fn(const at::Tensor& s, c10::IntArrayRef o) {
+  return adaptive_avg_pool_fn(3, "_adaptive_avg_pool3d", s, o);
+}
+at::Tensor adaptive_avg_pool_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
+  OpBuilder op("aten::_adaptive_avg_pool_backward");
+  Value r = L::adaptive_avg_pool_backward(op.b(), op.input(grad), vec(self.sizes()));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+// ---------------------------------------------------------------- normalization
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(const at::Tensor& input,
+                                                              const std::optional<at::Tensor>& weight,
+                                                              const std::optional<at::Tensor>& bias,
+                                                              const std::optional<at::Tensor>& running_mean,
+                                                              const std::optional<at::Tensor>& running_var,
+                                                              bool training, double momentum, double eps) {
+  TORCH_CHECK(input.dim() >= 2, "batch_norm: expected at least 2D input (got ", input.dim(), "D input)");
+  bool has_stats = running_mean && running_mean->defined() && running_var && running_var->defined();
+  TORCH_CHECK(training || has_stats, "batch_norm: running_mean and running_var must be defined in evaluation mode");
+  int64_t c = input.size(1);
+  auto check_c = [c](const std::optional<at::Tensor>& t, const char* what) {
+    if (t && t->defined()) {
+      TORCH_CHECK(t->numel() == c, "batch_norm: expected ", what, " to have ", c, " elements, but got ", t->numel());
+    }
+  };
+  check_c(weight, "weight");
+  check_c(bias, "bias");
+  check_c(running_mean, "running_mean");
+  check_c(running_var, "running_var");
+  if (training) {
+    TORCH_CHECK(input.numel() / c > 1 || input.numel() == 0,
+                "Expected more than 1 value per channel when training, got input size ", input.sizes());
+  }
+  OpBuilder op("aten::native_batch_norm");
+  auto& b = op.b();
+  auto opt = [&](const std::optional<at::Tensor>& t, Value* v) -> const Value* {
+    if (!t || !t->defined()) return nullptr;
+    *v = b.reshape(op.input(*t), {c});
+    return v;
+  };
+  Value w, bi, rm, rv;
+  const Value* wp = opt(weight, &w);
+  const Value* bp = opt(bias, &bi);
+  const Value* rmp = opt(running_mean, &rm);
+  const Value* rvp = opt(running_var, &rv);
+  auto r = L::batch_norm(b, op.input(input), wp, bp, rmp, rvp, training, momentum, eps);
+  at::ScalarType stat_type = has_stats ? running_mean->scalar_type() : to_aten(b.dtype(r[1]));
+  at::Tensor out = op.output(r[0], input.scalar_type());
+  at::Tensor save_mean, save_invstd;
+  if (training) {
+    save_mean = op.output(b.convert(r[1], to_ir(stat_type)), stat_type);
+    save_invstd = op.output(b.convert(r[2], to_ir(stat_type)), stat_type);
+    if (has_stats) {
+      op.write(*running_mean, b.reshape(r[3], vec(running_mean->sizes())));
+      op.write(*running_var, b.reshape(r[4], vec(running_var->sizes())));
+    }
+  }
+  op.run();
+  if (!training) {
+    // Evaluation mode saves no statistics (as on CPU).
+    save_mean = at::empty({0}, input.options().dtype(stat_type));
+    save_invstd = at::empty({0}, input.options().dtype(stat_type));
+  }
+  return {out, save_mean, save_invstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps) {
+  return batch_norm_impl(input, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean, at::Tensor& running_var, bool training, double momentum, double eps) {
+  return batch_norm_impl(input, weight, bias, running_mean, running_var, training, momentum, eps);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_stats_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    bool training, double momentum, double eps) {
+  return batch_norm_impl(input, weight, bias, std::nullopt, std::nullopt, training, momentum, eps);
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_training_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const at::Tensor& running_mean, const at::Tensor& running_var, double momentum, double eps) {
+  return batch_norm_impl(input, weight, bias, running_mean, running_var, false, momentum, eps);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward_fn(
+    const at::Tensor& grad, const at::Tensor& input, const std::optional<at::Tensor>& weight,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_invstd, bool train, double eps,
+    std::array<bool, 3> mask) {
+  OpBuilder op("aten::native_batch_norm_backward");
+  auto& b = op.b();
+  int64_t c = input.size(1);
+  Value w;
+  bool has_w = weight && weight->defined();
+  if (has_w) w = b.reshape(op.input(*weight), {c});
+  Value mean, invstd;
+  if (train) {
+    TORCH_CHECK(save_mean && save_mean->defined() && save_invstd && save_invstd->defined(),
+                "batch_norm_backward: training mode needs the saved statistics");
+    mean = b.reshape(op.input(*save_mean), {c});
+    invstd = b.reshape(op.input(*save_invstd), {c});
+  } else {
+    TORCH_CHECK(running_mean && running_mean->defined() && running_var && running_var->defined(),
+                "batch_norm_backward: evaluation mode needs running statistics");
+    mean = b.reshape(op.input(*running_mean), {c});
+    Value rv = b.convert(b.reshape(op.input(*running_var), {c}), L::accumulate_type(to_ir(input.scalar_type())));
+    invstd = b.unary("rsqrt", b.binary("add", rv, b.scalar_like(rv, eps)));
+  }
+  auto r = L::batch_norm_backward(b, op.input(grad), op.input(input), has_w ? &w : nullptr, mean, invstd, train);
+  at::ScalarType param_type = has_w ? weight->scalar_type() : input.scalar_type();
+  at::Tensor gi = mask[0] ? op.output(r[0], input.scalar_type()) : at::Tensor();
+  at::Tensor gw = mask[1] ? op.output(b.convert(r[1], to_ir(param_type)), param_type) : at::Tensor();
+  at::Tensor gb = mask[2] ? op.output(b.convert(r[2], to_ir(param_type)), param_type) : at::Tensor();
+  op.run();
+  return {gi, gw, gb};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_fn(const at::Tensor& input,
+                                                                   const std::optional<at::Tensor>& weight,
+                                                                   const std::optional<at::Tensor>& bias, int64_t n,
+                                                                   int64_t c, int64_t hw, int64_t groups, double eps) {
+  TORCH_CHECK(groups > 0 && c % groups == 0, "group_norm: expected number of channels in input to be divisible by ",
+              "num_groups, but got input of shape ", input.sizes(), " and num_groups=", groups);
+  TORCH_CHECK(input.numel() == n * c * hw, "group_norm: input of size ", input.sizes(), " does not match N=", n,
+              ", C=", c, ", HxW=", hw);
+  OpBuilder op("aten::native_group_norm");
+  auto& b = op.b();
+  Value x = b.reshape(op.input(input), {n, c, hw});
+  Value w, bi;
+  bool has_w = weight && weight->defined(), has_b = bias && bias->defined();
+  if (has_w) w = b.reshape(op.input(*weight), {c});
+  if (has_b) bi = b.reshape(op.input(*bias), {c});
+  auto r = L::group_norm(b, x, has_w ? &w : nullptr, has_b ? &bi : nullptr, groups, eps);
+  ir::DType dt = to_ir(input.scalar_type());
+  at::Tensor out = op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type());
+  at::Tensor mean = op.output(b.convert(r[1], dt), input.scalar_type());
+  at::Tensor rstd = op.output(b.convert(r[2], dt), input.scalar_type());
+  op.run();
+  return {out, mean, rstd};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_fn(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& mean, const at::Tensor& rstd,
+    const std::optional<at::Tensor>& weight, int64_t n, int64_t c, int64_t hw, int64_t groups,
+    std::array<bool, 3> mask) {
+  OpBuilder op("aten::native_group_norm_backward");
+  auto& b = op.b();
+  Value w;
+  bool has_w = weight && weight->defined();
+  if (has_w) w = b.reshape(op.input(*weight), {c});
+  Value x = b.reshape(op.input(input), {n, c, hw});
+  Value g = b.reshape(op.input(grad), {n, c, hw});
+  auto r = L::group_norm_backward(b, g, x, b.reshape(op.input(mean), {n, groups}),
+                                  b.reshape(op.input(rstd), {n, groups}), has_w ? &w : nullptr, groups);
+  at::ScalarType param_type = has_w ? weight->scalar_type() : input.scalar_type();
+  at::Tensor gi = mask[0] ? op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type()) : at::Tensor();
+  at::Tensor gw = mask[1] ? op.output(b.convert(r[1], to_ir(param_type)), param_type) : at::Tensor();
+  at::Tensor gb = mask[2] ? op.output(b.convert(r[2], to_ir(param_type)), param_type) : at::Tensor();
+  op.run();
+  return {gi, gw, gb};
+}
+
+// ---------------------------------------------------------------- resampling
+
+enum class Resample { Nearest, NearestExact, Linear };
+
+// Resamples the trailing output_size.size() dims of x (or, backward, maps a gradient back).
+Value resample(Builder& b, Value x, const std::vector<int64_t>& in, const std::vector<int64_t>& out,
+               const std::vector<double>& scales, Resample mode, bool align_corners, bool backward) {
+  size_t n = out.size(), lead = b.dims(x).size() - n;
+  ir::DType dt = b.dtype(x);
+  Value r = mode == Resample::Linear ? b.convert(x, L::accumulate_type(dt)) : x;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dim = static_cast<int64_t>(lead + i);
+    double scale = i < scales.size() ? scales[i] : -1.0;
+    if (mode == Resample::Linear) {
+      auto m = L::linear_weights(in[i], out[i], align_corners, scale);
+      r = backward ? L::apply_along(b, r, dim, L::transpose_matrix(m, out[i], in[i]), in[i], out[i])
+                   : L::apply_along(b, r, dim, m, out[i], in[i]);
+    } else {
+      auto idx = L::nearest_indices(in[i], out[i], scale, mode == Resample::NearestExact);
+      r = backward ? L::take_along_backward(b, r, dim, idx, in[i]) : L::take_along(b, r, dim, idx);
+    }
+  }
+  return b.convert(r, dt);
+}
+
+std::vector<double> scale_list(std::initializer_list<std::optional<double>> scales) {
+  std::vector<double> s;
+  for (const auto& v : scales) s.push_back(v ? *v : -1.0);
+  return s;
+}
+
+at::Tensor upsample_fn(const char* name, const at::Tensor& self, c10::IntArrayRef output_size,
+                       const std::vector<double>& scales, Resample mode, bool align_corners) {
+  size_t n = output_size.size();
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 2, name, ": expected ", n + 2, "D input, got ", self.sizes());
+  for (size_t i = 0; i < n; ++i) {
+    TORCH_CHECK(output_size[i] > 0 && self.size(2 + i) > 0, name, ": input and output sizes should be greater than 0, but got input ",
+                self.sizes(), " output ", output_size);
+  }
+  OpBuilder op(std::string("aten::") + name);
+  Value r = resample(op.b(), op.input(self), spatial(self, n), vec(output_size), scales, mode, align_corners, false);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+at::Tensor upsample_backward_fn(const char* name, const at::Tensor& grad, c10::IntArrayRef output_size,
+                                c10::IntArrayRef input_size, const std::vector<double>& scales, Resample mode,
+                                bool align_corners) {
+  size_t n = output_size.size();
+  OpBuilder op(std::string("aten::") + name);
+  std::vector<int64_t> in(input_size.end() - static_cast<int64_t>(n), input_size.end());
+  Value r = resample(op.b(), op.input(grad), in, vec(output_size), scales, mode, align_corners, true);
+  return finish(op, r, grad.scalar_type(), nullptr);
+}
+
+#define NEAREST_KERNELS(PREFIX, N, MODE, SCALE_PARAMS, SCALE_ARGS)                                               \
+  at::Tensor PREFIX##N##d_fn(const at::Tensor& s, c10::IntArrayRef o, SCALE_PARAMS) {                           \
+    return upsample_fn(#PREFIX #N "d", s, o, scale_list(SCALE_ARGS), MODE, false);                               \
+  }                                                                                                              \
+  at::Tensor PREFIX##N##d_backward_fn(const at::Tensor& g, c10::IntArrayRef o, c10::IntArrayRef i, SCALE_PARAMS) { \
+    return upsample_backward_fn(#PREFIX #N "d_backward", g, o, i, scale_list(SCALE_ARGS), MODE, false);          \
+  }
+#define LINEAR_KERNELS(NAME, SCALE_PARAMS, SCALE_ARGS)                                                            \
+  at::Tensor NAME##_fn(const at::Tensor& s, c10::IntArrayRef o, bool ac, SCALE_PARAMS) {                          \
+    return upsample_fn(#NAME, s, o, scale_list(SCALE_ARGS), Resample::Linear, ac);                                \
+  }                                                                                                               \
+  at::Tensor NAME##_backward_fn(const at::Tensor& g, c10::IntArrayRef o, c10::IntArrayRef i, bool ac,             \
+                                SCALE_PARAMS) {                                                                   \
+    return upsample_backward_fn(#NAME "_backward", g, o, i, scale_list(SCALE_ARGS), Resample::Linear, ac);       \
+  }
+#define P1 std::optional<double> s1
+#define P2 std::optional<double> s1, std::optional<double> s2
+#define P3 std::optional<double> s1, std::optional<double> s2, std::optional<double> s3
+#define A1 {s1}
+#define COMMA ,
+NEAREST_KERNELS(upsample_nearest, 1, Resample::Nearest, P1, A1)
+NEAREST_KERNELS(upsample_nearest, 2, Resample::Nearest, P2, {s1 COMMA s2})
+NEAREST_KERNELS(upsample_nearest, 3, Resample::Nearest, P3, {s1 COMMA s2 COMMA s3})
+NEAREST_KERNELS(_upsample_nearest_exact, 1, Resample::NearestExact, P1, A1)
+NEAREST_KERNELS(_upsample_nearest_exact, 2, Resample::NearestExact, P2, {s1 COMMA s2})
+NEAREST_KERNELS(_upsample_nearest_exact, 3, Resample::NearestExact, P3, {s1 COMMA s2 COMMA s3})
+LINEAR_KERNELS(upsample_linear1d, P1, A1)
+LINEAR_KERNELS(upsample_bilinear2d, P2, {s1 COMMA s2})
+LINEAR_KERNELS(upsample_trilinear3d, P3, {s1 COMMA s2 COMMA s3})
+
+// ---------------------------------------------------------------- padding
+
+enum class PadMode { Reflect, Replicate };
+
+at::Tensor pad_fn(const char* name, const at::Tensor& self, c10::IntArrayRef padding, PadMode mode,
+                  const at::Tensor* grad) {
+  size_t n = padding.size() / 2;
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
+              ": expected ", n + 1, "D or ", n + 2, "D input, got ", self.sizes());
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value r = op.input(grad ? *grad : self);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t dim = self.dim() - 1 - static_cast<int64_t>(i);
+    int64_t in = self.size(dim), low = padding[2 * i], high = padding[2 * i + 1];
+    if (mode == PadMode::Reflect) {
+      TORCH_CHECK(low < in && high < in, name, ": padding size should be less than the corresponding input dimension, but got: padding (",
+                  low, ", ", high, ") at dimension ", dim, " of input ", self.sizes());
+    } else {
+      TORCH_CHECK(in > 0 || (low <= 0 && high <= 0), name, ": input dimension ", dim, " is empty");
+    }
+    TORCH_CHECK(in + low + high > 0, name, ": input size ", in, " with padding (", low, ", ", high,
+                ") gives an empty output");
+    auto idx = mode == PadMode::Reflect ? L::reflect_indices(in, low, high) : L::replicate_indices(in, low, high);
+    r = grad ? L::take_along_backward(b, r, dim, idx, in) : L::take_along(b, r, dim, idx);
+  }
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+#define PAD_KERNELS(MODE_NAME, MODE, N)                                                                          \
+  at::Tensor MODE_NAME##_pad##N##d_fn(const at::Tensor& s, c10::IntArrayRef p) {                                 \
+    return pad_fn(#MODE_NAME "_pad" #N "d", s, p, MODE, nullptr);                                                \
+  }                                                                                                              \
+  at::Tensor MODE_NAME##_pad##N##d_backward_fn(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef p) {  \
+    return pad_fn(#MODE_NAME "_pad" #N "d_backward", s, p, MODE, &g);                                            \
+  }
+PAD_KERNELS(reflection, PadMode::Reflect, 1)
+PAD_KERNELS(reflection, PadMode::Reflect, 2)
+PAD_KERNELS(reflection, PadMode::Reflect, 3)
+PAD_KERNELS(replication, PadMode::Replicate, 1)
+PAD_KERNELS(replication, PadMode::Replicate, 2)
+PAD_KERNELS(replication, PadMode::Replicate, 3)
+
+at::Tensor constant_pad_nd_fn(const at::Tensor& self, c10::IntArrayRef pad, const at::Scalar& value) {
+  TORCH_CHECK(pad.size() % 2 == 0, "constant_pad_nd: length of pad must be even but instead it equals ", pad.size());
+  TORCH_CHECK(static_cast<int64_t>(pad.size() / 2) <= self.dim(), "constant_pad_nd: length of pad should be no more than twice the number of dimensions of the input. Pad length is ",
+              pad.size(), " while the input has ", self.dim(), " dimensions.");
+  std::vector<int64_t> low(self.dim(), 0), high(self.dim(), 0);
+  for (size_t i = 0; i < pad.size() / 2; ++i) {
+    int64_t dim = self.dim() - 1 - static_cast<int64_t>(i);
+    low[dim] = pad[2 * i];
+    high[dim] = pad[2 * i + 1];
+    TORCH_CHECK(self.size(dim) + low[dim] + high[dim] >= 0, "constant_pad_nd: the input size ", self.size(dim),
+                ", plus negative padding ", low[dim], " and ", high[dim], " resulted in a negative output size");
+  }
+  OpBuilder op("aten::constant_pad_nd");
+  auto& b = op.b();
+  Value v = b.convert(op.scalar(value, self.scalar_type()), to_ir(self.scalar_type()));
+  Value r = b.pad(op.input(self), v, low, high, std::vector<int64_t>(self.dim(), 0));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+// ---------------------------------------------------------------- shape
+
+at::Tensor flip_fn(const at::Tensor& self, c10::IntArrayRef dims) {
+  std::vector<int64_t> d;
+  for (int64_t x : dims) d.push_back(at::maybe_wrap_dim(x, std::max<int64_t>(self.dim(), 1)));
+  std::sort(d.begin(), d.end());
+  TORCH_CHECK(std::adjacent_find(d.begin(), d.end()) == d.end(), "flip: dims has duplicates, original flip dims size=",
+              dims.size());
+  OpBuilder op("aten::flip");
+  Value r = self.dim() == 0 ? op.input(self) : op.b().reverse(op.input(self), d);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+at::Tensor roll_fn(const at::Tensor& self, c10::IntArrayRef shifts, c10::IntArrayRef dims) {
+  TORCH_CHECK(!shifts.empty(), "roll: `shifts` required");
+  TORCH_CHECK(dims.empty() ? shifts.size() == 1 : shifts.size() == dims.size(), "roll: shifts and dimensions must align. shifts: ",
+              shifts.size(), ", dims:", dims.size());
+  OpBuilder op("aten::roll");
+  auto& b = op.b();
+  Value x = op.input(self);
+  auto roll_dim = [&b](Value v, int64_t dim, int64_t shift) {
+    int64_t n = b.dims(v)[dim];
+    if (n == 0) return v;
+    shift = ((shift % n) + n) % n;
+    if (shift == 0) return v;
+    return b.concatenate({b.slice_dim(v, dim, n - shift, n), b.slice_dim(v, dim, 0, n - shift)}, dim);
+  };
+  if (dims.empty()) {
+    Value flat = b.reshape(x, {self.numel()});
+    x = b.reshape(roll_dim(flat, 0, shifts[0]), vec(self.sizes()));
+  } else {
+    for (size_t i = 0; i < dims.size(); ++i) {
+      x = roll_dim(x, at::maybe_wrap_dim(dims[i], self.dim()), shifts[i]);
+    }
+  }
+  return finish(op, x, self.scalar_type(), nullptr);
+}
+
+at::Tensor repeat_fn(const at::Tensor& self, c10::IntArrayRef repeats) {
+  TORCH_CHECK(static_cast<int64_t>(repeats.size()) >= self.dim(), "Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor");
+  for (int64_t r : repeats) TORCH_CHECK(r >= 0, "repeat: repeats can not be negative, got ", repeats);
+  size_t n = repeats.size();
+  std::vector<int64_t> padded(n - self.dim(), 1);
+  for (int64_t s : self.sizes()) padded.push_back(s);
+  // Broadcast [d0, d1, ...] to [r0, d0, r1, d1, ...], then merge pairs.
+  std::vector<int64_t> wide, mapping, out;
+  for (size_t i = 0; i < n; ++i) {
+    wide.push_back(repeats[i]);
+    wide.push_back(padded[i]);
+    mapping.push_back(static_cast<int64_t>(2 * i + 1));
+    out.push_back(repeats[i] * padded[i]);
+  }
+  OpBuilder op("aten::repeat");
+  auto& b = op.b();
+  Value x = b.reshape(op.input(self), padded);
+  Value r = b.reshape(b.broadcast_in_dim(x, wide, mapping), out);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+// ---------------------------------------------------------------- scans and sorting
+
+at::Tensor scan_fn(const char* name, const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
+                   const std::string& kind, const at::Tensor* into) {
+  at::ScalarType out = dtype ? *dtype
+                             : (into ? into->scalar_type()
+                                     : (at::isIntegralType(self.scalar_type(), true) && kind != "logsumexp"
+                                            ? at::kLong
+                                            : self.scalar_type()));
+  if (kind == "logsumexp") {
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()), "logcumsumexp: expected a floating point input, got ",
+                self.scalar_type());
+  }
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  ir::DType acc = L::accumulate_type(to_ir(out));
+  Value x = b.convert(op.input(self), acc);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  Value r = L::cumulative(b, x, d, kind);
+  if (self.dim() == 0) r = b.reshape(r, {});
+  return finish(op, b.convert(r, to_ir(out)), out, into);
+}
+at::Tensor cumsum_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
+  return scan_fn("cumsum", s, d, t, "sum", nullptr);
+}
+at::Tensor& cumsum_out(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t, at::Tensor& out) {
+  scan_fn("cumsum", s, d, t, "sum", &out);
+  return out;
+}
+at::Tensor& cumsum_inplace(at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
+  scan_fn("cumsum", s, d, t, "sum", &s);
+  return s;
+}
+at::Tensor cumprod_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
+  return scan_fn("cumprod", s, d, t, "prod", nullptr);
+}
+at::Tensor& cumprod_out(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t, at::Tensor& out) {
+  scan_fn("cumprod", s, d, t, "prod", &out);
+  return out;
+}
+at::Tensor& cumprod_inplace(at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
+  scan_fn("cumprod", s, d, t, "prod", &s);
+  return s;
+}
+at::Tensor logcumsumexp_fn(const at::Tensor& s, int64_t d) {
+  return scan_fn("logcumsumexp", s, d, std::nullopt, "logsumexp", nullptr);
+}
+at::Tensor& logcumsumexp_out(const at::Tensor& s, int64_t d, at::Tensor& out) {
+  scan_fn("logcumsumexp", s, d, std::nullopt, "logsumexp", &out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> cum_extreme_fn(const at::Tensor& self, int64_t dim, bool is_max) {
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  OpBuilder op(is_max ? "aten::cummax" : "aten::cummin");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  auto r = L::cum_extreme(b, x, d, is_max);
+  if (self.dim() == 0) {
+    r[0] = b.reshape(r[0], {});
+    r[1] = b.reshape(r[1], {});
+  }
+  at::Tensor v = op.output(r[0], self.scalar_type());
+  at::Tensor i = op.output(r[1], at::kLong);
+  op.run();
+  return {v, i};
+}
+std::tuple<at::Tensor, at::Tensor> cummax_fn(const at::Tensor& s, int64_t d) { return cum_extreme_fn(s, d, true); }
+std::tuple<at::Tensor, at::Tensor> cummin_fn(const at::Tensor& s, int64_t d) { return cum_extreme_fn(s, d, false); }
+void cummax_helper_fn(const at::Tensor& s, at::Tensor& values, at::Tensor& indices, int64_t d) {
+  auto [v, i] = cum_extreme_fn(s, d, true);
+  values.copy_(v);
+  indices.copy_(i);
+}
+void cummin_helper_fn(const at::Tensor& s, at::Tensor& values, at::Tensor& indices, int64_t d) {
+  auto [v, i] = cum_extreme_fn(s, d, false);
+  values.copy_(v);
+  indices.copy_(i);
+}
+
+// Sorts along dim and keeps positions [start, start + count) of the sorted order.
+std::tuple<at::Tensor, at::Tensor> sorted_slice(const char* name, const at::Tensor& self, int64_t dim,
+                                                bool descending, int64_t start, int64_t count, bool keepdim) {
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  auto r = L::sort_with_indices(b, x, d, descending);
+  int64_t n = b.dims(x)[d];
+  if (start != 0 || count != n) {
+    r[0] = b.slice_dim(r[0], d, start, start + count);
+    r[1] = b.slice_dim(r[1], d, start, start + count);
+  }
+  if (self.dim() == 0 || !keepdim) {
+    // Only single-position slices (kthvalue) drop the dim.
+    std::vector<int64_t> shape = vec(self.sizes());
+    if (self.dim() > 0) shape.erase(shape.begin() + d);
+    r[0] = b.reshape(r[0], shape);
+    r[1] = b.reshape(r[1], shape);
+  }
+  at::Tensor v = op.output(r[0], self.scalar_type());
+  at::Tensor i = op.output(r[1], at::kLong);
+  op.run();
+  return {v, i};
+}
+
+std::tuple<at::Tensor, at::Tensor> sort_fn(const at::Tensor& self, int64_t dim, bool descending) {
+  int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  return sorted_slice("sort", self, dim, descending, 0, n, true);
+}
+std::tuple<at::Tensor, at::Tensor> sort_stable_fn(const at::Tensor& self, std::optional<bool>, int64_t dim,
+                                                  bool descending) {
+  return sort_fn(self, dim, descending);
+}
+std::tuple<at::Tensor&, at::Tensor&> sort_values_stable_fn(const at::Tensor& self, std::optional<bool>, int64_t dim,
+                                                           bool descending, at::Tensor& values, at::Tensor& indices) {
+  auto [v, i] = sort_fn(self, dim, descending);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor> topk_fn(const at::Tensor& self, int64_t k, int64_t dim, bool largest, bool) {
+  int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  TORCH_CHECK(k >= 0 && k <= n, "selected index k out of range");
+  return sorted_slice("topk", self, dim, largest, 0, k, true);
+}
+std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k, int64_t dim, bool largest,
+                                              bool sorted, at::Tensor& values, at::Tensor& indices) {
+  auto [v, i] = topk_fn(self, k, dim, largest, sorted);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+  return {values, indices};
+}
+
+std::tuple<at::Tensor, at::Tensor> kthvalue_fn(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim) {
+  int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  TORCH_CHECK(k >= 1 && k <= n, "kthvalue(): selected number k out of range for dimension ", dim);
+  return sorted_slice("kthvalue", self, dim, false, k - 1, 1, keepdim);
+}
+
+// median / nanmedian along dim: the lower median; a NaN in the row makes median NaN
+// (its first NaN), nanmedian ignores NaNs.
+std::tuple<at::Tensor, at::Tensor> median_impl(const at::Tensor& self, int64_t dim, bool keepdim, bool ignore_nan) {
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  TORCH_CHECK(self.dim() == 0 || self.size(d) > 0, "median(): Expected reduction dim ", d, " to have non-zero size.");
+  OpBuilder op(ignore_nan ? "aten::nanmedian" : "aten::median");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  auto sorted = L::sort_with_indices(b, x, d, false);
+  auto xd = b.dims(x);
+  int64_t n = xd[d];
+  std::vector<int64_t> kept = xd;
+  kept[d] = 1;
+  Value pos;
+  if (ir::is_floating(b.dtype(x))) {
+    Value not_nan = b.convert(b.compare(x, x, "EQ"), ir::DType::S64);
+    Value count = b.reshape(L::sum(b, not_nan, {d}, true, ir::DType::S64), kept);
+    if (ignore_nan) {
+      Value half = b.binary("divide", b.binary("subtract", count, b.scalar_like(count, 1)), b.scalar_like(count, 2));
+      pos = b.binary("maximum", half, b.scalar_like(count, 0));
+    } else {
+      Value has_nan = b.compare(count, b.scalar_like(count, static_cast<double>(n)), "LT");
+      pos = b.select(has_nan, count, b.constant_int(ir::DType::S64, (n - 1) / 2, kept));
+    }
+  } else {
+    pos = b.constant_int(ir::DType::S64, (n - 1) / 2, kept);
+  }
+  Value v = L::gather(b, sorted[0], d, pos), i = L::gather(b, sorted[1], d, pos);
+  std::vector<int64_t> shape = vec(self.sizes());
+  if (!keepdim && self.dim() > 0) shape.erase(shape.begin() + d);
+  at::Tensor values = op.output(b.reshape(v, shape), self.scalar_type());
+  at::Tensor indices = op.output(b.reshape(i, shape), at::kLong);
+  op.run();
+  return {values, indices};
+}
+std::tuple<at::Tensor, at::Tensor> median_dim_fn(const at::Tensor& s, int64_t d, bool k) {
+  return median_impl(s, d, k, false);
+}
+std::tuple<at::Tensor, at::Tensor> nanmedian_dim_fn(const at::Tensor& s, int64_t d, bool k) {
+  return median_impl(s, d, k, true);
+}
+at::Tensor median_all_fn(const at::Tensor& s) {
+  TORCH_CHECK(s.numel() > 0, "median() input tensor cannot be empty");
+  return std::get<0>(median_impl(s.reshape({-1}), 0, false, false));
+}
+at::Tensor nanmedian_all_fn(const at::Tensor& s) {
+  TORCH_CHECK(s.numel() > 0, "nanmedian() input tensor cannot be empty");
+  return std::get<0>(median_impl(s.reshape({-1}), 0, false, true));
+}
+
+// ---------------------------------------------------------------- losses
+
+void check_same_size(const char* name, const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.sizes().equals(b.sizes()), name, ": target size (", b.sizes(), ") must be the same as input size (",
+              a.sizes(), ")");
+}
+
+// Smooth L1 (huber=false, scaled by 1/beta) and Huber (huber=true) losses.
+at::Tensor robust_loss_fn(const char* name, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
+                          double param, bool huber) {
+  check_same_size(name, self, target);
+  TORCH_CHECK(param >= 0 && (!huber || param > 0), name, ": ", huber ? "delta" : "beta", " must be ",
+              huber ? "positive" : "non-negative", ", got ", param);
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value diff = b.unary("abs", b.binary("subtract", op.input(self), b.convert(op.input(target), dt)));
+  Value half = b.scalar_like(diff, 0.5), p = b.scalar_like(diff, param);
+  Value quad = b.binary("multiply", half, b.binary("multiply", diff, diff));
+  Value lin = b.binary("subtract", diff, b.binary("multiply", half, p));
+  if (huber) {
+    lin = b.binary("multiply", p, lin);
+  } else if (param > 0) {
+    quad = b.binary("divide", quad, p);
+  }
+  Value loss = param == 0 && !huber ? diff : b.select(b.compare(diff, p, "LT"), quad, lin);
+  return finish(op, L::reduce_loss(b, loss, reduction), self.scalar_type(), nullptr);
+}
+
+at::Tensor robust_loss_backward_fn(const char* name, const at::Tensor& grad, const at::Tensor& self,
+                                   const at::Tensor& target, int64_t reduction, double param, bool huber) {
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value x = b.binary("subtract", op.input(self), b.convert(op.input(target), dt));
+  Value p = b.scalar_like(x, param);
+  Value neg_p = b.scalar_like(x, -param);
+  // d/dx: x/beta (smooth L1) or x (huber) inside the band, else sign(x) (times delta for huber).
+  Value inside = huber ? x : (param > 0 ? b.binary("divide", x, p) : b.scalar_like(x, 0));
+  Value outside = huber ? b.clamp(neg_p, x, p) : b.unary("sign", x);
+  Value d = b.select(b.compare(b.unary("abs", x), p, "LT"), inside, outside);
+  Value g = L::loss_grad_scale(b, b.convert(op.input(grad), dt), b.dims(x), reduction);
+  return finish(op, b.binary("multiply", d, g), self.scalar_type(), nullptr);
+}
+
+at::Tensor smooth_l1_fn(const at::Tensor& s, const at::Tensor& t, int64_t r, double beta) {
+  return robust_loss_fn("smooth_l1_loss", s, t, r, beta, false);
+}
+at::Tensor smooth_l1_backward_fn(const at::Tensor& g, const at::Tensor& s, const at::Tensor& t, int64_t r, double beta) {
+  return robust_loss_backward_fn("smooth_l1_loss_backward", g, s, t, r, beta, false);
+}
+at::Tensor huber_fn(const at::Tensor& s, const at::Tensor& t, int64_t r, double delta) {
+  return robust_loss_fn("huber_loss", s, t, r, delta, true);
+}
+at::Tensor huber_backward_fn(const at::Tensor& g, const at::Tensor& s, const at::Tensor& t, int64_t r, double delta) {
+  return robust_loss_backward_fn("huber_loss_backward", g, s, t, r, delta, true);
+}
+
+at::Tensor bce_fn(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                  int64_t reduction) {
+  check_same_size("binary_cross_entropy", self, target);
+  OpBuilder op("aten::binary_cross_entropy");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value x = op.input(self), y = b.convert(op.input(target), dt);
+  Value floor = b.scalar_like(x, -100);
+  Value log_x = b.binary("maximum", b.unary("log", x), floor);
+  Value log_1mx = b.binary("maximum", b.unary("log_plus_one", b.unary("negate", x)), floor);
+  Value one = b.scalar_like(x, 1);
+  Value loss = b.unary("negate", b.binary("add", b.binary("multiply", y, log_x),
+                                          b.binary("multiply", b.binary("subtract", one, y), log_1mx)));
+  if (weight && weight->defined()) loss = b.bin_bcast("multiply", loss, b.convert(op.input(*weight), dt));
+  // Inputs outside [0, 1] are an error on CPU; here they are checked at the next sync.
+  Value bad = b.binary("or", b.compare(x, b.scalar_like(x, 0), "LT"), b.compare(x, one, "GT"));
+  op.check_flag(L::any_all(b, b.reshape(bad, {b.type(bad).numel()}), {}, false, false),
+                "all elements of input should be between 0 and 1 (aten::binary_cross_entropy)");
+  return finish(op, L::reduce_loss(b, loss, reduction), self.scalar_type(), nullptr);
+}
+
+at::Tensor bce_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                           const std::optional<at::Tensor>& weight, int64_t reduction) {
+  OpBuilder op("aten::binary_cross_entropy_backward");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value x = op.input(self), y = b.convert(op.input(target), dt);
+  Value denom = b.binary("maximum", b.binary("multiply", b.binary("subtract", b.scalar_like(x, 1), x), x),
+                         b.scalar_like(x, 1e-12));
+  Value d = b.binary("divide", b.binary("subtract", x, y), denom);
+  if (weight && weight->defined()) d = b.bin_bcast("multiply", d, b.convert(op.input(*weight), dt));
+  Value g = L::loss_grad_scale(b, b.convert(op.input(grad), dt), b.dims(x), reduction);
+  return finish(op, b.binary("multiply", d, g), self.scalar_type(), nullptr);
+}
+
+at::Tensor bce_logits_fn(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                         const std::optional<at::Tensor>& pos_weight, int64_t reduction) {
+  check_same_size("binary_cross_entropy_with_logits", self, target);
+  OpBuilder op("aten::binary_cross_entropy_with_logits");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value x = op.input(self), y = b.convert(op.input(target), dt);
+  Value one = b.scalar_like(x, 1);
+  // log(1 + exp(-x)) = max(-x, 0) + log1p(exp(-|x|)), stable for large |x|.
+  Value log_sig_neg = b.binary("add", b.binary("maximum", b.unary("negate", x), b.scalar_like(x, 0)),
+                               b.unary("log_plus_one", b.unary("exponential", b.unary("negate", b.unary("abs", x)))));
+  Value loss;
+  if (pos_weight && pos_weight->defined()) {
+    Value pw = b.convert(op.input(*pos_weight), dt);
+    Value coeff = b.bin_bcast("add", one, b.bin_bcast("multiply", b.bin_bcast("subtract", pw, one), y));
+    loss = b.bin_bcast("add", b.binary("multiply", b.binary("subtract", one, y), x), b.bin_bcast("multiply", coeff, log_sig_neg));
+  } else {
+    loss = b.binary("add", b.binary("multiply", b.binary("subtract", one, y), x), log_sig_neg);
+  }
+  if (weight && weight->defined()) loss = b.bin_bcast("multiply", loss, b.convert(op.input(*weight), dt));
+  return finish(op, L::reduce_loss(b, loss, reduction), self.scalar_type(), nullptr);
+}
+
+at::Tensor soft_margin_fn(const at::Tensor& self, const at::Tensor& target, int64_t reduction) {
+  check_same_size("soft_margin_loss", self, target);
+  OpBuilder op("aten::soft_margin_loss");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value z = b.unary("negate", b.binary("multiply", op.input(self), b.convert(op.input(target), dt)));
+  Value loss = b.unary("log_plus_one", b.unary("exponential", z));
+  return finish(op, L::reduce_loss(b, loss, reduction), self.scalar_type(), nullptr);
+}
+
+at::Tensor soft_margin_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                   int64_t reduction) {
+  OpBuilder op("aten::soft_margin_loss_backward");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  Value y = b.convert(op.input(target), dt);
+  Value e = b.unary("exponential", b.unary("negate", b.binary("multiply", op.input(self), y)));
+  Value d = b.unary("negate", b.binary("divide", b.binary("multiply", y, e), b.binary("add", b.scalar_like(e, 1), e)));
+  Value g = L::loss_grad_scale(b, b.convert(op.input(grad), dt), b.dims(d), reduction);
+  return finish(op, b.binary("multiply", d, g), self.scalar_type(), nullptr);
+}
+
+// nll_loss2d: [N, C, d...] log-probabilities as [N*d..., C] rows for the 1-d lowering.
+Value rows_of(Builder& b, Value x) {
+  auto xd = b.dims(x);
+  std::vector<int64_t> perm{0};
+  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) perm.push_back(i);
+  perm.push_back(1);
+  int64_t c = xd[1];
+  return b.reshape(b.transpose(x, perm), {b.type(x).numel() / std::max<int64_t>(c, 1), c});
+}
+
+std::tuple<at::Tensor, at::Tensor> nll_loss2d_fn(const at::Tensor& self, const at::Tensor& target,
+                                                 const std::optional<at::Tensor>& weight, int64_t reduction,
+                                                 int64_t ignore_index) {
+  TORCH_CHECK(self.dim() == 4 && target.dim() == 3, "nll_loss2d: expected input of 4 dimensions and target of 3, got ",
+              self.sizes(), " and ", target.sizes());
+  TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) && self.size(3) == target.size(2),
+              "nll_loss2d: input and target batch or spatial sizes don't match: target ", target.sizes(), ", input ",
+              self.sizes());
+  OpBuilder op("aten::nll_loss2d_forward");
+  auto& b = op.b();
+  Value w;
+  bool has_w = weight && weight->defined();
+  if (has_w) w = op.input(*weight);
+  Value t = b.reshape(op.input(target), {target.numel()});
+  int64_t classes = self.size(1);
+  Value ti = b.convert(t, ir::DType::S64);
+  Value bad = b.binary("and", b.compare(ti, b.scalar_like(ti, static_cast<double>(ignore_index)), "NE"),
+                       b.binary("or", b.compare(ti, b.scalar_like(ti, 0), "LT"),
+                                b.compare(ti, b.scalar_like(ti, static_cast<double>(classes)), "GE")));
+  op.check_flag(L::any_all(b, bad, {}, false, false),
+                "target out of bounds in aten::nll_loss2d_forward (classes " + std::to_string(classes) + ")");
+  auto r = L::nll_loss(b, rows_of(b, op.input(self)), t, has_w ? &w : nullptr, reduction, ignore_index);
+  Value loss = reduction == 0 ? b.reshape(r[0], vec(target.sizes())) : r[0];
+  at::Tensor out = op.output(loss, self.scalar_type());
+  at::Tensor total = op.output(r[1], self.scalar_type());
+  op.run();
+  return {out, total};
+}
+
+at::Tensor nll_loss2d_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                  const std::optional<at::Tensor>& weight, int64_t reduction, int64_t ignore_index,
+                                  const at::Tensor& total_weight) {
+  OpBuilder op("aten::nll_loss2d_backward");
+  auto& b = op.b();
+  Value w;
+  bool has_w = weight && weight->defined();
+  if (has_w) w = op.input(*weight);
+  Value g = op.input(grad);
+  if (reduction == 0) g = b.reshape(g, {grad.numel()});
+  Value r = L::nll_loss_backward(b, g, rows_of(b, op.input(self)), b.reshape(op.input(target), {target.numel()}),
+                                 has_w ? &w : nullptr, reduction, ignore_index, op.input(total_weight));
+  // Back from [N*H*W, C] rows to [N, C, H, W].
+  r = b.transpose(b.reshape(r, {self.size(0), self.size(2), self.size(3), self.size(1)}), {0, 3, 1, 2});
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution", convolution_fn);
+  m.impl("convolution_overrideable", convolution_fn);
+  m.impl("convolution_backward", convolution_backward_fn);
+  m.impl("convolution_backward_overrideable", convolution_backward_overrideable_fn);
+
+  m.impl("max_pool2d_with_indices", max_pool2d_fn);
+  m.impl("max_pool2d_with_indices_backward", max_pool2d_backward_fn);
+  m.impl("max_pool3d_with_indices", max_pool3d_fn);
+  m.impl("max_pool3d_with_indices_backward", max_pool3d_backward_fn);
+  m.impl("avg_pool2d", avg_pool2d_fn);
+  m.impl("avg_pool2d_backward", avg_pool2d_backward_fn);
+  m.impl("avg_pool3d", avg_pool3d_fn);
+  m.impl("avg_pool3d_backward", avg_pool3d_backward_fn);
+  m.impl("_adaptive_avg_pool2d", adaptive_avg_pool2d_fn);
+  m.impl("_adaptive_avg_pool2d_backward", adaptive_avg_pool_backward_fn);
+  m.impl("_adaptive_avg_pool3d", adaptive_avg_pool3d_fn);
+  m.impl("_adaptive_avg_pool3d_backward", adaptive_avg_pool_backward_fn);
+
+  m.impl("native_batch_norm", native_batch_norm_fn);
+  m.impl("_native_batch_norm_legit", batch_norm_legit_fn);
+  m.impl("_native_batch_norm_legit.no_stats", batch_norm_legit_no_stats_fn);
+  m.impl("_native_batch_norm_legit_no_training", batch_norm_legit_no_training_fn);
+  m.impl("native_batch_norm_backward", native_batch_norm_backward_fn);
+  m.impl("native_group_norm", native_group_norm_fn);
+  m.impl("native_group_norm_backward", native_group_norm_backward_fn);
+
+#define REG_RESAMPLE(NAME)    \
+  m.impl(#NAME, NAME##_fn); \
+  m.impl(#NAME "_backward", NAME##_backward_fn);
+  REG_RESAMPLE(upsample_nearest1d) REG_RESAMPLE(upsample_nearest2d) REG_RESAMPLE(upsample_nearest3d)
+  REG_RESAMPLE(_upsample_nearest_exact1d) REG_RESAMPLE(_upsample_nearest_exact2d)
+  REG_RESAMPLE(_upsample_nearest_exact3d) REG_RESAMPLE(upsample_linear1d) REG_RESAMPLE(upsample_bilinear2d)
+  REG_RESAMPLE(upsample_trilinear3d)
+  REG_RESAMPLE(reflection_pad1d) REG_RESAMPLE(reflection_pad2d) REG_RESAMPLE(reflection_pad3d)
+  REG_RESAMPLE(replication_pad1d) REG_RESAMPLE(replication_pad2d) REG_RESAMPLE(replication_pad3d)
+#undef REG_RESAMPLE
+  m.impl("constant_pad_nd", constant_pad_nd_fn);
+  m.impl("flip", flip_fn);
+  m.impl("roll", roll_fn);
+  m.impl("repeat", repeat_fn);
+
+  m.impl("cumsum", cumsum_fn);
+  m.impl("cumsum.out", cumsum_out);
+  m.impl("cumsum_", cumsum_inplace);
+  m.impl("cumprod", cumprod_fn);
+  m.impl("cumprod.out", cumprod_out);
+  m.impl("cumprod_", cumprod_inplace);
+  m.impl("logcumsumexp", logcumsumexp_fn);
+  m.impl("logcumsumexp.out", logcumsumexp_out);
+  m.impl("cummax", cummax_fn);
+  m.impl("cummin", cummin_fn);
+  m.impl("_cummax_helper", cummax_helper_fn);
+  m.impl("_cummin_helper", cummin_helper_fn);
+  m.impl("sort", sort_fn);
+  m.impl("sort.stable", sort_stable_fn);
+  m.impl("sort.values_stable", sort_values_stable_fn);
+  m.impl("topk", topk_fn);
+  m.impl("topk.values", topk_out);
+  m.impl("kthvalue", kthvalue_fn);
+  m.impl("median", median_all_fn);
+  m.impl("median.dim", median_dim_fn);
+  m.impl("nanmedian", nanmedian_all_fn);
+  m.impl("nanmedian.dim", nanmedian_dim_fn);
+
+  m.impl("smooth_l1_loss", smooth_l1_fn);
+  m.impl("smooth_l1_loss_backward", smooth_l1_backward_fn);
+  m.impl("huber_loss", huber_fn);
+  m.impl("huber_loss_backward", huber_backward_fn);
+  m.impl("binary_cross_entropy", bce_fn);
+  m.impl("binary_cross_entropy_backward", bce_backward_fn);
+  m.impl("binary_cross_entropy_with_logits", bce_logits_fn);
+  m.impl("soft_margin_loss", soft_margin_fn);
+  m.impl("soft_margin_loss_backward", soft_margin_backward_fn);
+  m.impl("nll_loss2d_forward", nll_loss2d_fn);
+  m.impl("nll_loss2d_backward", nll_loss2d_backward_fn);
+}
+
+}  // namespace torch_pjrt::device

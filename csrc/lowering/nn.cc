@@ -1,0 +1,581 @@
+#include "lowering/nn.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+
+namespace torch_pjrt::lowering {
+namespace {
+
+std::vector<int64_t> range(int64_t from, int64_t to) {
+  std::vector<int64_t> r;
+  for (int64_t i = from; i < to; ++i) r.push_back(i);
+  return r;
+}
+
+std::vector<int64_t> tail(const std::vector<int64_t>& v, size_t n) {
+  return std::vector<int64_t>(v.end() - static_cast<int64_t>(n), v.end());
+}
+
+int64_t product(const std::vector<int64_t>& v) {
+  return std::accumulate(v.begin(), v.end(), int64_t{1}, std::multiplies<>());
+}
+
+// "[b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]" for n spatial dims.
+std::string conv_dims(const std::string& lhs, const std::string& rhs, const std::string& out, size_t n) {
+  std::string sp;
+  for (size_t i = 0; i < n; ++i) sp += ", " + std::to_string(i);
+  return "[" + lhs + sp + "]x[" + rhs + sp + "]->[" + out + sp + "]";
+}
+
+// Per-channel vector [C] broadcast along dim 1 of `dims`.
+Value channel(Builder& b, Value v, const std::vector<int64_t>& dims) { return b.broadcast_in_dim(v, dims, {1}); }
+
+Value logical(Builder& b, const char* op, Value x, Value y) { return b.binary(op, x, y); }
+
+}  // namespace
+
+// ---------------------------------------------------------------- convolution
+
+std::vector<int64_t> conv_output_size(const std::vector<int64_t>& in, const std::vector<int64_t>& k,
+                                      const ConvParams& p) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    out.push_back((in[i] + 2 * p.padding[i] - p.dilation[i] * (k[i] - 1) - 1) / p.stride[i] + 1);
+  }
+  return out;
+}
+
+Value conv_forward(Builder& b, Value x, Value w, const ConvParams& p) {
+  const auto& xd = b.dims(x);
+  const auto& wd = b.dims(w);
+  size_t n = xd.size() - 2;
+  auto out_sp = conv_output_size(tail(xd, n), tail(wd, n), p);
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (size_t i = 0; i < n; ++i) pads.emplace_back(p.padding[i], p.padding[i]);
+  std::vector<int64_t> result{xd[0], wd[0]};
+  result.insert(result.end(), out_sp.begin(), out_sp.end());
+  return b.convolution(x, w, conv_dims("b, f", "o, i", "b, f", n), p.stride, pads, std::vector<int64_t>(n, 1),
+                       p.dilation, p.groups, 1, result, b.dtype(x));
+}
+
+Value conv_input_grad(Builder& b, Value grad, Value w, const ConvParams& p, const std::vector<int64_t>& in_sp) {
+  const auto& gd = b.dims(grad);
+  std::vector<int64_t> wd = b.dims(w);
+  size_t n = gd.size() - 2;
+  int64_t g = p.groups, cout = wd[0], per_group_in = wd[1];
+  auto k = tail(wd, n);
+  Value wt = w;
+  if (g > 1) {
+    // [Cout, I, K] -> [Cout/g, g*I, K]: each group's output channels become input features.
+    std::vector<int64_t> split{g, cout / g, per_group_in};
+    split.insert(split.end(), k.begin(), k.end());
+    wt = b.reshape(w, split);
+    std::vector<int64_t> perm{1, 0};
+    for (int64_t i = 2; i < static_cast<int64_t>(split.size()); ++i) perm.push_back(i);
+    wt = b.transpose(wt, perm);
+    std::vector<int64_t> merged{cout / g, g * per_group_in};
+    merged.insert(merged.end(), k.begin(), k.end());
+    wt = b.reshape(wt, merged);
+  }
+  wt = b.reverse(wt, range(2, 2 + static_cast<int64_t>(n)));
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t ke = p.dilation[i] * (k[i] - 1) + 1, o = gd[2 + i];
+    pads.emplace_back(ke - 1 - p.padding[i], in_sp[i] - (o - 1) * p.stride[i] - 1 + p.padding[i]);
+  }
+  std::vector<int64_t> result{gd[0], g * per_group_in};
+  result.insert(result.end(), in_sp.begin(), in_sp.end());
+  return b.convolution(grad, wt, conv_dims("b, f", "i, o", "b, f", n), std::vector<int64_t>(n, 1), pads, p.stride,
+                       p.dilation, g, 1, result, b.dtype(grad));
+}
+
+Value conv_weight_grad(Builder& b, Value x, Value grad, const ConvParams& p, const std::vector<int64_t>& k) {
+  const auto& xd = b.dims(x);
+  const auto& gd = b.dims(grad);
+  size_t n = xd.size() - 2;
+  std::vector<std::pair<int64_t, int64_t>> pads;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t ke = p.dilation[i] * (k[i] - 1) + 1, o = gd[2 + i], s = xd[2 + i];
+    pads.emplace_back(p.padding[i], ((o - 1) * p.stride[i] + 1) - s + (ke - p.padding[i] - 1));
+  }
+  // Batch becomes the contracted feature; input channels are split into `groups` batch groups.
+  std::vector<int64_t> result{gd[1], xd[1] / p.groups};
+  result.insert(result.end(), k.begin(), k.end());
+  return b.convolution(x, grad, conv_dims("f, b", "i, o", "f, b", n), p.dilation, pads, std::vector<int64_t>(n, 1),
+                       p.stride, 1, p.groups, result, b.dtype(x));
+}
+
+// ---------------------------------------------------------------- pooling
+
+std::vector<int64_t> pool_output_size(const std::vector<int64_t>& in, const PoolParams& p) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < in.size(); ++i) {
+    int64_t d = p.dilation.empty() ? 1 : p.dilation[i];
+    int64_t num = in[i] + 2 * p.padding[i] - d * (p.kernel[i] - 1) - 1 + (p.ceil_mode ? p.stride[i] - 1 : 0);
+    int64_t o = (num >= 0 ? num / p.stride[i] : -((-num + p.stride[i] - 1) / p.stride[i])) + 1;
+    // The last window must start inside the input or the left padding.
+    if (p.ceil_mode && (o - 1) * p.stride[i] >= in[i] + p.padding[i]) --o;
+    out.push_back(o);
+  }
+  return out;
+}
+
+namespace {
+Builder::Window pool_window(const std::vector<int64_t>& xd, const PoolParams& p) {
+  size_t n = p.kernel.size(), lead = xd.size() - n;
+  auto in = tail(xd, n);
+  auto out = pool_output_size(in, p);
+  Builder::Window w;
+  w.dims.assign(lead, 1);
+  w.strides.assign(lead, 1);
+  w.window_dilations.assign(lead, 1);
+  w.padding.assign(lead, {0, 0});
+  for (size_t i = 0; i < n; ++i) {
+    int64_t d = p.dilation.empty() ? 1 : p.dilation[i];
+    w.dims.push_back(p.kernel[i]);
+    w.strides.push_back(p.stride[i]);
+    w.window_dilations.push_back(d);
+    int64_t high = (out[i] - 1) * p.stride[i] + d * (p.kernel[i] - 1) + 1 - in[i] - p.padding[i];
+    w.padding.emplace_back(p.padding[i], std::max<int64_t>(high, 0));
+  }
+  return w;
+}
+
+// Divisor of each average-pooling window (host-computed), broadcast to the output dims.
+Value avg_divisor(Builder& b, const std::vector<int64_t>& out_dims, const std::vector<int64_t>& in, const PoolParams& p,
+                  bool count_include_pad, int64_t divisor_override, DType dtype) {
+  size_t n = in.size();
+  if (divisor_override > 0) return b.constant(dtype, static_cast<double>(divisor_override), out_dims);
+  auto out = tail(out_dims, n);
+  std::vector<std::vector<double>> per_dim(n);
+  for (size_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < out[i]; ++o) {
+      int64_t start = o * p.stride[i] - p.padding[i];
+      int64_t end = std::min(start + p.kernel[i], in[i] + p.padding[i]);
+      int64_t size = end - start;
+      if (!count_include_pad) size = std::min(end, in[i]) - std::max<int64_t>(start, 0);
+      per_dim[i].push_back(static_cast<double>(size));
+    }
+  }
+  std::vector<double> table(product(out), 1.0);
+  for (size_t flat = 0; flat < table.size(); ++flat) {
+    size_t rest = flat;
+    for (size_t i = n; i-- > 0;) {
+      table[flat] *= per_dim[i][rest % out[i]];
+      rest /= out[i];
+    }
+  }
+  Value t = b.constant_array(dtype == DType::F64 ? DType::F64 : DType::F32, table, out);
+  t = b.convert(t, dtype);
+  return b.broadcast_in_dim(t, out_dims, range(static_cast<int64_t>(out_dims.size() - n), out_dims.size()));
+}
+}  // namespace
+
+std::vector<Value> max_pool(Builder& b, Value x, const PoolParams& p) {
+  const auto& xd = b.dims(x);
+  size_t n = p.kernel.size(), lead = xd.size() - n;
+  auto in = tail(xd, n);
+  // Flat index of each element within its spatial plane.
+  Value idx = b.constant_int(DType::S64, 0, xd);
+  int64_t stride = 1;
+  for (size_t i = n; i-- > 0;) {
+    Value part = b.binary("multiply", b.iota(DType::S64, xd, static_cast<int64_t>(lead + i)),
+                          b.constant_int(DType::S64, stride, xd));
+    idx = b.binary("add", idx, part);
+    stride *= in[i];
+  }
+  DType dt = b.dtype(x);
+  bool floating = ir::is_floating(dt);
+  auto body = [floating](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
+    // Larger value wins; NaN beats numbers; ties go to the earlier element (as torch scans).
+    Value earlier = rb.compare(r[1], l[1], "LT");
+    Value pick_r = logical(rb, "or", rb.compare(r[0], l[0], "GT"),
+                           logical(rb, "and", rb.compare(r[0], l[0], "EQ"), earlier));
+    if (floating) {
+      Value rn = rb.compare(r[0], r[0], "NE"), ln = rb.compare(l[0], l[0], "NE");
+      Value both = logical(rb, "and", rn, ln);
+      pick_r = rb.select(both, earlier,
+                         rb.select(rn, rb.constant_int(DType::Pred, 1), logical(rb, "and", rb.unary("not", ln), pick_r)));
+    }
+    return std::vector<Value>{rb.select(pick_r, r[0], l[0]), rb.select(pick_r, r[1], l[1])};
+  };
+  return b.reduce_window({x, idx}, {lowest(b, dt), b.constant_int(DType::S64, INT64_MAX)}, pool_window(xd, p), body);
+}
+
+Value max_pool_backward(Builder& b, Value grad, Value indices, const std::vector<int64_t>& input_dims,
+                        int64_t spatial_dims) {
+  const auto& gd = b.dims(grad);
+  size_t lead = gd.size() - spatial_dims;
+  std::vector<int64_t> lead_dims(gd.begin(), gd.begin() + lead);
+  int64_t planes = product(lead_dims);
+  int64_t out_flat = product(tail(gd, spatial_dims)), in_flat = product(tail(input_dims, spatial_dims));
+  Value g = b.reshape(grad, {planes, out_flat});
+  Value i = b.reshape(indices, {planes, out_flat});
+  Value zeros = b.constant(accumulate_type(b.dtype(grad)), 0, {planes, in_flat});
+  Value r = scatter(b, zeros, 1, i, b.convert(g, b.dtype(zeros)), "add");
+  return b.convert(b.reshape(r, input_dims), b.dtype(grad));
+}
+
+Value avg_pool(Builder& b, Value x, const PoolParams& p, bool count_include_pad, int64_t divisor_override) {
+  DType dt = b.dtype(x), acc = accumulate_type(dt);
+  const auto& xd = b.dims(x);
+  Value sum = b.reduce_window_simple(b.convert(x, acc), b.constant(acc, 0), pool_window(xd, p), "add");
+  Value div = avg_divisor(b, b.dims(sum), tail(xd, p.kernel.size()), p, count_include_pad, divisor_override, acc);
+  return b.convert(b.binary("divide", sum, div), dt);
+}
+
+Value avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims, const PoolParams& p,
+                        bool count_include_pad, int64_t divisor_override) {
+  DType dt = b.dtype(grad), acc = accumulate_type(dt);
+  size_t n = p.kernel.size(), lead = input_dims.size() - n;
+  auto in = tail(input_dims, n);
+  Value g = b.convert(grad, acc);
+  g = b.binary("divide", g, avg_divisor(b, b.dims(g), in, p, count_include_pad, divisor_override, acc));
+  // Each padded input position sums the (divided) gradients of the windows covering it:
+  // dilate the gradient by the stride and slide a window of the kernel size over it.
+  Builder::Window fwd = pool_window(input_dims, p);
+  Builder::Window w;
+  w.dims.assign(lead, 1);
+  w.base_dilations.assign(lead, 1);
+  w.padding.assign(lead, {0, 0});
+  std::vector<int64_t> start(lead, 0), limit(input_dims.begin(), input_dims.begin() + lead);
+  auto out = tail(b.dims(g), n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t padded = in[i] + fwd.padding[lead + i].first + fwd.padding[lead + i].second;
+    w.dims.push_back(p.kernel[i]);
+    w.base_dilations.push_back(p.stride[i]);
+    w.padding.emplace_back(p.kernel[i] - 1, padded - (out[i] - 1) * p.stride[i] - 1);
+    start.push_back(p.padding[i]);
+    limit.push_back(p.padding[i] + in[i]);
+  }
+  Value r = b.reduce_window_simple(g, b.constant(acc, 0), w, "add");
+  r = b.slice(r, start, limit, std::vector<int64_t>(input_dims.size(), 1));
+  return b.convert(r, dt);
+}
+
+namespace {
+std::vector<double> adaptive_matrix(int64_t in, int64_t out) {
+  std::vector<double> m(out * in, 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t start = (o * in) / out, end = ((o + 1) * in + out - 1) / out;
+    for (int64_t i = start; i < end; ++i) m[o * in + i] = 1.0 / static_cast<double>(end - start);
+  }
+  return m;
+}
+}  // namespace
+
+std::vector<double> transpose_matrix(const std::vector<double>& m, int64_t rows, int64_t cols) {
+  std::vector<double> t(m.size());
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) t[c * rows + r] = m[r * cols + c];
+  return t;
+}
+
+Value adaptive_avg_pool(Builder& b, Value x, const std::vector<int64_t>& out) {
+  DType dt = b.dtype(x);
+  Value r = b.convert(x, accumulate_type(dt));
+  size_t n = out.size(), lead = b.dims(x).size() - n;
+  for (size_t i = 0; i < n; ++i) {
+    int64_t in = b.dims(r)[lead + i];
+    r = apply_along(b, r, static_cast<int64_t>(lead + i), adaptive_matrix(in, out[i]), out[i], in);
+  }
+  return b.convert(r, dt);
+}
+
+Value adaptive_avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims) {
+  DType dt = b.dtype(grad);
+  Value r = b.convert(grad, accumulate_type(dt));
+  // Dims whose size did not change were not pooled (the adaptive matrix would be the identity).
+  for (size_t d = 0; d < input_dims.size(); ++d) {
+    int64_t out = b.dims(r)[d], in = input_dims[d];
+    if (out == in) continue;
+    r = apply_along(b, r, static_cast<int64_t>(d), transpose_matrix(adaptive_matrix(in, out), out, in), in, out);
+  }
+  return b.convert(r, dt);
+}
+
+// ---------------------------------------------------------------- resampling helpers
+
+Value apply_along(Builder& b, Value x, int64_t dim, const std::vector<double>& m, int64_t out, int64_t in) {
+  DType dt = b.dtype(x);
+  DType table_type = dt == DType::F64 ? DType::F64 : DType::F32;
+  Value mat = b.convert(b.constant_array(table_type, m, {out, in}), dt);
+  Value r = b.dot_general(x, mat, {}, {}, {dim}, {1}, dt);
+  // dot_general puts the new dim last; move it back to `dim`.
+  int64_t rank = static_cast<int64_t>(b.dims(x).size());
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank - 1; ++i) {
+    if (i == dim) perm.push_back(rank - 1);
+    perm.push_back(i);
+  }
+  if (dim == rank - 1) perm.push_back(rank - 1);
+  return b.transpose(r, perm);
+}
+
+Value take_along(Builder& b, Value x, int64_t dim, const std::vector<int64_t>& idx) {
+  std::vector<double> v(idx.begin(), idx.end());
+  return index_select(b, x, dim, b.constant_array(DType::S64, v, {static_cast<int64_t>(idx.size())}));
+}
+
+Value take_along_backward(Builder& b, Value grad, int64_t dim, const std::vector<int64_t>& idx, int64_t in) {
+  int64_t out = static_cast<int64_t>(idx.size());
+  std::vector<double> m(in * out, 0.0);  // [in][out]: sums every output that read input i
+  for (int64_t o = 0; o < out; ++o) m[idx[o] * out + o] += 1.0;
+  DType dt = b.dtype(grad);
+  Value r = apply_along(b, b.convert(grad, accumulate_type(dt)), dim, m, in, out);
+  return b.convert(r, dt);
+}
+
+std::vector<int64_t> nearest_indices(int64_t in, int64_t out, double scale, bool exact) {
+  float s = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+  std::vector<int64_t> idx;
+  for (int64_t o = 0; o < out; ++o) {
+    float src = exact ? std::floor((static_cast<float>(o) + 0.5f) * s) : std::floor(static_cast<float>(o) * s);
+    idx.push_back(std::min(static_cast<int64_t>(src), in - 1));
+  }
+  return idx;
+}
+
+std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, double scale) {
+  float s;
+  if (align_corners) {
+    s = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  } else {
+    s = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+  }
+  std::vector<double> m(out * in, 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    float src = align_corners ? s * static_cast<float>(o) : std::max(s * (static_cast<float>(o) + 0.5f) - 0.5f, 0.0f);
+    int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    float l1 = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
+    int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
+    m[o * in + i0] += 1.0f - l1;
+    m[o * in + i1] += l1;
+  }
+  return m;
+}
+
+std::vector<int64_t> reflect_indices(int64_t in, int64_t low, int64_t high) {
+  std::vector<int64_t> idx;
+  for (int64_t j = 0; j < in + low + high; ++j) {
+    int64_t src = j - low;
+    if (src < 0) src = -src;
+    if (src >= in) src = 2 * (in - 1) - src;
+    idx.push_back(src);
+  }
+  return idx;
+}
+
+std::vector<int64_t> replicate_indices(int64_t in, int64_t low, int64_t high) {
+  std::vector<int64_t> idx;
+  for (int64_t j = 0; j < in + low + high; ++j) idx.push_back(std::clamp<int64_t>(j - low, 0, in - 1));
+  return idx;
+}
+
+// ---------------------------------------------------------------- normalization
+
+std::vector<Value> batch_norm(Builder& b, Value x, const Value* weight, const Value* bias, const Value* running_mean,
+                              const Value* running_var, bool training, double momentum, double eps) {
+  DType dt = b.dtype(x), acc = accumulate_type(dt);
+  std::vector<int64_t> xd = b.dims(x);
+  std::vector<int64_t> rdims{0};
+  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) rdims.push_back(i);
+  int64_t n = 1;
+  for (int64_t d : rdims) n *= xd[d];
+  Value xf = b.convert(x, acc);
+  Value mean, invstd, var;
+  std::vector<Value> extra;
+  if (training) {
+    mean = b.binary("divide", b.reduce_simple(xf, b.constant(acc, 0), rdims, "stablehlo.add"),
+                    b.constant(acc, static_cast<double>(n), {xd[1]}));
+    Value centered = b.binary("subtract", xf, channel(b, mean, xd));
+    var = b.binary("divide",
+                   b.reduce_simple(b.binary("multiply", centered, centered), b.constant(acc, 0), rdims, "stablehlo.add"),
+                   b.constant(acc, static_cast<double>(n), {xd[1]}));
+    if (running_mean && running_var) {
+      auto update = [&](Value running, Value stat) {
+        DType rt = b.dtype(running);
+        Value r = b.convert(running, acc);
+        Value m = b.constant(acc, momentum, {xd[1]});
+        Value keep = b.constant(acc, 1.0 - momentum, {xd[1]});
+        return b.convert(b.binary("add", b.binary("multiply", keep, r), b.binary("multiply", m, stat)), rt);
+      };
+      Value unbiased = b.binary("multiply", var,
+                                b.constant(acc, n > 1 ? static_cast<double>(n) / (n - 1) : INFINITY, {xd[1]}));
+      extra = {update(*running_mean, mean), update(*running_var, unbiased)};
+    }
+  } else {
+    mean = b.convert(*running_mean, acc);
+    var = b.convert(*running_var, acc);
+  }
+  invstd = b.unary("rsqrt", b.binary("add", var, b.constant(acc, eps, {xd[1]})));
+  Value y = b.binary("multiply", b.binary("subtract", xf, channel(b, mean, xd)), channel(b, invstd, xd));
+  if (weight) y = b.binary("multiply", y, channel(b, b.convert(*weight, acc), xd));
+  if (bias) y = b.binary("add", y, channel(b, b.convert(*bias, acc), xd));
+  std::vector<Value> out{b.convert(y, dt), mean, invstd};
+  out.insert(out.end(), extra.begin(), extra.end());
+  return out;
+}
+
+std::vector<Value> batch_norm_backward(Builder& b, Value grad, Value x, const Value* weight, Value mean, Value invstd,
+                                       bool training) {
+  DType dt = b.dtype(x), acc = accumulate_type(dt);
+  std::vector<int64_t> xd = b.dims(x);
+  std::vector<int64_t> rdims{0};
+  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) rdims.push_back(i);
+  int64_t n = 1;
+  for (int64_t d : rdims) n *= xd[d];
+  Value g = b.convert(grad, acc), xf = b.convert(x, acc);
+  mean = b.convert(mean, acc);
+  invstd = b.convert(invstd, acc);
+  Value xhat = b.binary("multiply", b.binary("subtract", xf, channel(b, mean, xd)), channel(b, invstd, xd));
+  Value zero = b.constant(acc, 0);
+  Value db = b.reduce_simple(g, zero, rdims, "stablehlo.add");
+  Value dw = b.reduce_simple(b.binary("multiply", g, xhat), zero, rdims, "stablehlo.add");
+  Value scale = invstd;
+  if (weight) scale = b.binary("multiply", scale, b.convert(*weight, acc));
+  Value dx;
+  if (training) {
+    Value inv_n = b.constant(acc, 1.0 / static_cast<double>(n), {xd[1]});
+    Value centered = b.binary("subtract", g, channel(b, b.binary("multiply", db, inv_n), xd));
+    centered = b.binary("subtract", centered,
+                        b.binary("multiply", xhat, channel(b, b.binary("multiply", dw, inv_n), xd)));
+    dx = b.binary("multiply", centered, channel(b, scale, xd));
+  } else {
+    dx = b.binary("multiply", g, channel(b, scale, xd));
+  }
+  return {b.convert(dx, dt), dw, db};
+}
+
+std::vector<Value> group_norm(Builder& b, Value x, const Value* weight, const Value* bias, int64_t groups, double eps) {
+  DType dt = b.dtype(x), acc = accumulate_type(dt);
+  std::vector<int64_t> xd = b.dims(x);
+  int64_t n = xd[0], c = xd[1], hw = product(xd) / std::max<int64_t>(n * c, 1);
+  int64_t per = c / groups * hw;
+  Value xr = b.reshape(b.convert(x, acc), {n, groups, per});
+  Value zero = b.constant(acc, 0);
+  Value mean = b.binary("divide", b.reduce_simple(xr, zero, {2}, "stablehlo.add"),
+                        b.constant(acc, static_cast<double>(per), {n, groups}));
+  Value centered = b.binary("subtract", xr, b.broadcast_in_dim(mean, {n, groups, per}, {0, 1}));
+  Value var = b.binary("divide", b.reduce_simple(b.binary("multiply", centered, centered), zero, {2}, "stablehlo.add"),
+                       b.constant(acc, static_cast<double>(per), {n, groups}));
+  Value rstd = b.unary("rsqrt", b.binary("add", var, b.constant(acc, eps, {n, groups})));
+  Value y = b.binary("multiply", centered, b.broadcast_in_dim(rstd, {n, groups, per}, {0, 1}));
+  y = b.reshape(y, {n, c, hw});
+  if (weight) y = b.binary("multiply", y, b.broadcast_in_dim(b.convert(*weight, acc), {n, c, hw}, {1}));
+  if (bias) y = b.binary("add", y, b.broadcast_in_dim(b.convert(*bias, acc), {n, c, hw}, {1}));
+  return {b.convert(b.reshape(y, xd), dt), mean, rstd};
+}
+
+std::vector<Value> group_norm_backward(Builder& b, Value grad, Value x, Value mean, Value rstd, const Value* weight,
+                                       int64_t groups) {
+  DType dt = b.dtype(x), acc = accumulate_type(dt);
+  std::vector<int64_t> xd = b.dims(x);
+  int64_t n = xd[0], c = xd[1], hw = product(xd) / std::max<int64_t>(n * c, 1);
+  int64_t per = c / groups * hw;
+  std::vector<int64_t> grouped{n, groups, per}, chan{n, c, hw};
+  mean = b.convert(mean, acc);
+  rstd = b.convert(rstd, acc);
+  Value xhat = b.binary("multiply",
+                        b.binary("subtract", b.reshape(b.convert(x, acc), grouped), b.broadcast_in_dim(mean, grouped, {0, 1})),
+                        b.broadcast_in_dim(rstd, grouped, {0, 1}));
+  Value g = b.reshape(b.convert(grad, acc), chan);
+  Value xhat_c = b.reshape(xhat, chan);
+  Value zero = b.constant(acc, 0);
+  Value dw = b.reduce_simple(b.binary("multiply", g, xhat_c), zero, {0, 2}, "stablehlo.add");
+  Value db = b.reduce_simple(g, zero, {0, 2}, "stablehlo.add");
+  Value dxhat = weight ? b.binary("multiply", g, b.broadcast_in_dim(b.convert(*weight, acc), chan, {1})) : g;
+  dxhat = b.reshape(dxhat, grouped);
+  Value inv = b.constant(acc, 1.0 / static_cast<double>(per), {n, groups});
+  Value m1 = b.binary("multiply", b.reduce_simple(dxhat, zero, {2}, "stablehlo.add"), inv);
+  Value m2 = b.binary("multiply", b.reduce_simple(b.binary("multiply", dxhat, xhat), zero, {2}, "stablehlo.add"), inv);
+  Value dx = b.binary("subtract", b.binary("subtract", dxhat, b.broadcast_in_dim(m1, grouped, {0, 1})),
+                      b.binary("multiply", xhat, b.broadcast_in_dim(m2, grouped, {0, 1})));
+  dx = b.binary("multiply", dx, b.broadcast_in_dim(rstd, grouped, {0, 1}));
+  return {b.convert(b.reshape(dx, xd), dt), dw, db};
+}
+
+// ---------------------------------------------------------------- scans and sorting
+
+namespace {
+Builder::Window scan_window(const std::vector<int64_t>& xd, int64_t dim) {
+  Builder::Window w;
+  w.dims.assign(xd.size(), 1);
+  w.padding.assign(xd.size(), {0, 0});
+  w.dims[dim] = xd[dim];
+  w.padding[dim] = {xd[dim] - 1, 0};
+  return w;
+}
+}  // namespace
+
+Value cumulative(Builder& b, Value x, int64_t dim, const std::string& op) {
+  const auto& xd = b.dims(x);
+  if (xd.empty() || xd[dim] == 0) return x;
+  DType dt = b.dtype(x);
+  auto w = scan_window(xd, dim);
+  if (op == "sum") return b.reduce_window_simple(x, b.constant(dt, 0), w, "add");
+  if (op == "prod") return b.reduce_window_simple(x, b.constant(dt, 1), w, "multiply");
+  if (op == "logsumexp") {
+    auto body = [](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
+      Value hi = rb.binary("maximum", l[0], r[0]), lo = rb.binary("minimum", l[0], r[0]);
+      Value sum = rb.binary("add", hi, rb.unary("log_plus_one", rb.unary("exponential", rb.binary("subtract", lo, hi))));
+      // -inf + -inf stays -inf (the formula would give NaN); NaN propagates through `sum`.
+      Value hi_is_neg_inf = rb.compare(hi, rb.scalar_like(hi, -INFINITY), "EQ");
+      return std::vector<Value>{rb.select(hi_is_neg_inf, hi, sum)};
+    };
+    return b.reduce_window({x}, {b.constant(dt, -INFINITY)}, w, body)[0];
+  }
+  throw std::invalid_argument("cumulative: unknown op " + op);
+}
+
+std::vector<Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max) {
+  const auto& xd = b.dims(x);
+  DType dt = b.dtype(x);
+  Value idx = b.iota(DType::S64, xd, dim);
+  if (xd[dim] == 0) return {x, idx};
+  bool floating = ir::is_floating(dt);
+  auto body = [floating, is_max](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
+    // Total order (NaN above everything, then value, ties to the later index): torch's
+    // running `x >= best || isnan(x)` scan keeps the last maximal element.
+    Value later = rb.compare(r[1], l[1], "GT");
+    Value pick_r = logical(rb, "or", rb.compare(r[0], l[0], is_max ? "GT" : "LT"),
+                           logical(rb, "and", rb.compare(r[0], l[0], "EQ"), later));
+    if (floating) {
+      Value rn = rb.compare(r[0], r[0], "NE"), ln = rb.compare(l[0], l[0], "NE");
+      pick_r = rb.select(logical(rb, "and", rn, ln), later,
+                         rb.select(rn, rb.constant_int(DType::Pred, 1), logical(rb, "and", rb.unary("not", ln), pick_r)));
+    }
+    return std::vector<Value>{rb.select(pick_r, r[0], l[0]), rb.select(pick_r, r[1], l[1])};
+  };
+  Value init = is_max ? lowest(b, dt) : highest(b, dt);
+  return b.reduce_window({x, idx}, {init, b.constant_int(DType::S64, -1)}, scan_window(xd, dim), body);
+}
+
+std::vector<Value> sort_with_indices(Builder& b, Value x, int64_t dim, bool descending) {
+  Value idx = b.iota(DType::S64, b.dims(x), dim);
+  if (b.dims(x).empty() || b.dims(x)[dim] <= 1) return {x, idx};
+  return b.sort({x, idx}, dim, descending, /*stable=*/true);
+}
+
+// ---------------------------------------------------------------- losses
+
+Value reduce_loss(Builder& b, Value loss, int64_t reduction) {
+  if (reduction == 0) return loss;
+  DType dt = b.dtype(loss);
+  Value s = b.convert(loss, accumulate_type(dt));
+  int64_t n = b.type(s).numel();
+  auto all = range(0, static_cast<int64_t>(b.dims(s).size()));
+  s = b.reduce_simple(s, b.constant(b.dtype(s), 0), all, "stablehlo.add");
+  if (reduction == 1) s = b.binary("divide", s, b.constant(b.dtype(s), static_cast<double>(n)));
+  return b.convert(s, dt);
+}
+
+Value loss_grad_scale(Builder& b, Value grad, const std::vector<int64_t>& dims, int64_t reduction) {
+  Value g = b.broadcast_to(grad, dims);
+  if (reduction == 1) g = b.binary("divide", g, b.scalar_like(g, static_cast<double>(product(dims))));
+  return g;
+}
+
+}  // namespace torch_pjrt::lowering

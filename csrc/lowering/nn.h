@@ -1,0 +1,80 @@
+// Neural-network lowerings (torch-free): convolution, pooling, normalization,
+// resampling, padding, scans and sorting, losses. Like ops.h, callers pass IR
+// values and resolved attributes; every execution mode shares these.
+#pragma once
+
+#include <vector>
+
+#include "lowering/ops.h"
+
+namespace torch_pjrt::lowering {
+
+// Convolution over N spatial dims. x [B, Cin, S...], w [Cout, Cin/groups, K...].
+struct ConvParams {
+  std::vector<int64_t> stride, padding, dilation;
+  int64_t groups = 1;
+};
+// Output spatial size of a forward convolution.
+std::vector<int64_t> conv_output_size(const std::vector<int64_t>& in_spatial, const std::vector<int64_t>& kernel,
+                                      const ConvParams& p);
+Value conv_forward(Builder& b, Value x, Value w, const ConvParams& p);
+// Gradient w.r.t. the input of conv_forward (also: transposed convolution), for input spatial size `in_spatial`.
+Value conv_input_grad(Builder& b, Value grad, Value w, const ConvParams& p, const std::vector<int64_t>& in_spatial);
+// Gradient w.r.t. the weight of conv_forward, for kernel spatial size `kernel`.
+Value conv_weight_grad(Builder& b, Value x, Value grad, const ConvParams& p, const std::vector<int64_t>& kernel);
+
+// Pooling over the trailing N dims of x.
+struct PoolParams {
+  std::vector<int64_t> kernel, stride, padding, dilation;
+  bool ceil_mode = false;
+};
+std::vector<int64_t> pool_output_size(const std::vector<int64_t>& in_spatial, const PoolParams& p);
+// Returns {values, int64 indices flat within each spatial plane} (torch's max_pool*_with_indices).
+std::vector<Value> max_pool(Builder& b, Value x, const PoolParams& p);
+Value max_pool_backward(Builder& b, Value grad, Value indices, const std::vector<int64_t>& input_dims,
+                        int64_t spatial_dims);
+Value avg_pool(Builder& b, Value x, const PoolParams& p, bool count_include_pad, int64_t divisor_override);
+Value avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims, const PoolParams& p,
+                        bool count_include_pad, int64_t divisor_override);
+// Adaptive average pooling of the trailing dims to `out` sizes, and its backward.
+Value adaptive_avg_pool(Builder& b, Value x, const std::vector<int64_t>& out);
+Value adaptive_avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims);
+
+// Contracts dim `dim` of x with a host matrix m[out][in] (row-major), placing `out` at `dim`.
+Value apply_along(Builder& b, Value x, int64_t dim, const std::vector<double>& m, int64_t out, int64_t in);
+// The transpose of a row-major [rows][cols] host matrix.
+std::vector<double> transpose_matrix(const std::vector<double>& m, int64_t rows, int64_t cols);
+// y.index_select(dim, idx) for a host index vector, and its adjoint (sums into `in` positions).
+Value take_along(Builder& b, Value x, int64_t dim, const std::vector<int64_t>& idx);
+Value take_along_backward(Builder& b, Value grad, int64_t dim, const std::vector<int64_t>& idx, int64_t in);
+
+// Resampling of the trailing dims. scales[i] <= 0 means "not given".
+std::vector<int64_t> nearest_indices(int64_t in, int64_t out, double scale, bool exact);
+std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, double scale);  // [out][in]
+
+// Padding of the trailing dims: pads (low, high) per dim, outermost first.
+std::vector<int64_t> reflect_indices(int64_t in, int64_t low, int64_t high);
+std::vector<int64_t> replicate_indices(int64_t in, int64_t low, int64_t high);
+
+// Normalization. Returns {out, mean, invstd[, new_running_mean, new_running_var]}.
+std::vector<Value> batch_norm(Builder& b, Value x, const Value* weight, const Value* bias, const Value* running_mean,
+                              const Value* running_var, bool training, double momentum, double eps);
+// Returns {grad_input, grad_weight, grad_bias}; `mean`/`invstd` are the saved (training) or running stats.
+std::vector<Value> batch_norm_backward(Builder& b, Value grad, Value x, const Value* weight, Value mean, Value invstd,
+                                       bool training);
+std::vector<Value> group_norm(Builder& b, Value x, const Value* weight, const Value* bias, int64_t groups, double eps);
+std::vector<Value> group_norm_backward(Builder& b, Value grad, Value x, Value mean, Value rstd, const Value* weight,
+                                       int64_t groups);
+
+// Scans along dim: op "sum", "prod", "logsumexp"; cum_extreme returns {values, int64 indices}.
+Value cumulative(Builder& b, Value x, int64_t dim, const std::string& op);
+std::vector<Value> cum_extreme(Builder& b, Value x, int64_t dim, bool is_max);
+// Stable sort along dim: {values, int64 indices}; NaN sorts as the largest value.
+std::vector<Value> sort_with_indices(Builder& b, Value x, int64_t dim, bool descending);
+
+// Pointwise losses before reduction (reduction 0 none, 1 mean, 2 sum applied by reduce_loss).
+Value reduce_loss(Builder& b, Value loss, int64_t reduction);
+// Scales a loss gradient for `reduction` (grad is the scalar or elementwise upstream gradient).
+Value loss_grad_scale(Builder& b, Value grad, const std::vector<int64_t>& dims, int64_t reduction);
+
+}  // namespace torch_pjrt::lowering

@@ -1,0 +1,205 @@
+"""Native nn kernels (conv, pooling, norms, resampling, padding, scans, sorting, losses)
+against CPU PyTorch, forward and backward, with CPU fallback forbidden."""
+from __future__ import annotations
+
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+from conftest import DEV, assert_close
+
+Fn = Callable[..., torch.Tensor]
+
+
+def check(fn: Fn, *inputs: torch.Tensor, grad: bool = True, **tol: float) -> None:
+    """fn on the device matches fn on CPU; so do the input gradients of a weighted sum."""
+    gen = torch.Generator().manual_seed(0)
+    cpu_in = [t.detach().clone().requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    dev_in = [t.detach().to(DEV).requires_grad_(grad and t.is_floating_point()) for t in inputs]
+    with torch_pjrt.fallback_mode("error"):
+        out_dev = fn(*dev_in)
+    out_cpu = fn(*cpu_in)
+    outs_dev = out_dev if isinstance(out_dev, (tuple, list)) else (out_dev,)
+    outs_cpu = out_cpu if isinstance(out_cpu, (tuple, list)) else (out_cpu,)
+    for d, c in zip(outs_dev, outs_cpu):
+        assert_close(d, c, **tol)
+    if not grad:
+        return
+    diff = [(d, c) for d, c in zip(outs_dev, outs_cpu) if c.is_floating_point() and c.requires_grad]
+    weights = [torch.randn(c.shape, generator=gen) for _, c in diff]
+    loss_cpu = sum((c * w).sum() for (_, c), w in zip(diff, weights))
+    with torch_pjrt.fallback_mode("error"):
+        loss_dev = sum((d * w.to(DEV)).sum() for (d, _), w in zip(diff, weights))
+        loss_dev.backward()
+    loss_cpu.backward()
+    for d, c in zip(dev_in, cpu_in):
+        if c.grad is not None:
+            assert_close(d.grad, c.grad, **tol)
+
+
+def rnd(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "stride,padding,dilation,groups",
+    [(1, 0, 1, 1), (2, 1, 1, 1), (1, 2, 2, 1), (2, 1, 1, 2), (3, 0, 1, 4)],
+)
+def test_conv2d(stride: int, padding: int, dilation: int, groups: int) -> None:
+    x, w, b = rnd(2, 4, 9, 8), rnd(8, 4 // groups, 3, 3, seed=1), rnd(8, seed=2)
+    check(lambda x, w, b: F.conv2d(x, w, b, stride, padding, dilation, groups), x, w, b, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dims", [1, 3])
+def test_conv1d_conv3d(dims: int) -> None:
+    conv = {1: F.conv1d, 3: F.conv3d}[dims]
+    x, w = rnd(2, 3, *([6] * dims)), rnd(4, 3, *([3] * dims), seed=1)
+    check(lambda x, w: conv(x, w, None, 2, 1), x, w, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride,padding,output_padding,groups,dilation", [(1, 0, 0, 1, 1), (2, 1, 1, 1, 1), (2, 0, 0, 2, 2)])
+def test_conv_transpose2d(stride: int, padding: int, output_padding: int, groups: int, dilation: int) -> None:
+    x, w, b = rnd(2, 4, 5, 6), rnd(4, 6 // groups, 3, 3, seed=1), rnd(6, seed=2)
+    check(lambda x, w, b: F.conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation), x, w, b,
+          rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kernel,stride,padding,dilation,ceil", [(2, 2, 0, 1, False), (3, 2, 1, 1, True), (3, 1, 1, 2, False)])
+def test_max_pool2d(kernel: int, stride: int, padding: int, dilation: int, ceil: bool) -> None:
+    x = rnd(2, 3, 9, 8)
+    check(lambda x: F.max_pool2d(x, kernel, stride, padding, dilation, ceil, return_indices=True), x)
+
+
+def test_max_pool_ties_nan_and_3d() -> None:
+    x = torch.tensor([[[[1.0, 1.0, 2.0, 2.0], [1.0, float("nan"), 0.0, 2.0]]]])
+    check(lambda x: F.max_pool2d(x, 2, return_indices=True), x, grad=False)
+    check(lambda x: F.max_pool3d(x, 2, 1, 1, return_indices=True), rnd(1, 2, 4, 5, 3))
+    check(lambda x: F.max_pool1d(x, 3, 2), rnd(2, 3, 9))
+
+
+@pytest.mark.parametrize("ceil,cip,divisor", [(False, True, None), (True, False, None), (True, True, None), (False, True, 3)])
+def test_avg_pool(ceil: bool, cip: bool, divisor: int | None) -> None:
+    check(lambda x: F.avg_pool2d(x, 3, 2, 1, ceil, cip, divisor), rnd(2, 3, 8, 7))
+    check(lambda x: F.avg_pool3d(x, 2, 2, 1, ceil, cip, divisor), rnd(1, 2, 5, 4, 5))
+    check(lambda x: F.avg_pool1d(x, 3, 2, 1, ceil, cip), rnd(2, 3, 9))
+
+
+@pytest.mark.parametrize("out", [(1, 1), (3, 2), (5, 7)])
+def test_adaptive_avg_pool(out: tuple[int, int]) -> None:
+    check(lambda x: F.adaptive_avg_pool2d(x, out), rnd(2, 3, 7, 6))
+    check(lambda x: F.adaptive_avg_pool3d(x, (2, *out)), rnd(1, 2, 5, 7, 6))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_batch_norm(training: bool) -> None:
+    x, w, b = rnd(4, 3, 5, 2), rnd(3, seed=1), rnd(3, seed=2)
+    rm_c, rv_c = rnd(3, seed=3), rnd(3, seed=4).abs() + 0.5
+    rm_d, rv_d = rm_c.to(DEV), rv_c.to(DEV)
+    out_c = F.batch_norm(x, rm_c, rv_c, w, b, training, 0.2, 1e-5)
+    with torch_pjrt.fallback_mode("error"):
+        out_d = F.batch_norm(x.to(DEV), rm_d, rv_d, w.to(DEV), b.to(DEV), training, 0.2, 1e-5)
+    assert_close(out_d, out_c, rtol=1e-4, atol=1e-5)
+    assert_close(rm_d, rm_c)
+    assert_close(rv_d, rv_c)
+    check(lambda x, w, b: F.batch_norm(x, rm_c.to(x.device), rv_c.to(x.device), w, b, training), x, w, b,
+          rtol=1e-4, atol=1e-4)
+
+
+def test_batch_norm_module_and_group_instance_norm() -> None:
+    check(lambda x, w, b: F.group_norm(x, 2, w, b), rnd(3, 4, 5, 2), rnd(4, seed=1), rnd(4, seed=2), rtol=1e-4, atol=1e-4)
+    check(lambda x: F.instance_norm(x), rnd(2, 3, 6), rtol=1e-4, atol=1e-4)
+    check(lambda x: F.batch_norm(x, None, None, training=True), rnd(5, 3), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("mode,align", [("nearest", None), ("nearest-exact", None), ("bilinear", False), ("bilinear", True)])
+@pytest.mark.parametrize("size", [(10, 7), (3, 2)])
+def test_interpolate_2d(mode: str, align: bool | None, size: tuple[int, int]) -> None:
+    check(lambda x: F.interpolate(x, size=size, mode=mode, align_corners=align), rnd(2, 3, 5, 4))
+
+
+def test_interpolate_scale_1d_3d() -> None:
+    check(lambda x: F.interpolate(x, scale_factor=2.5, mode="linear"), rnd(2, 3, 5))
+    check(lambda x: F.interpolate(x, scale_factor=1.7, mode="nearest"), rnd(2, 3, 5))
+    check(lambda x: F.interpolate(x, size=(3, 5, 4), mode="trilinear"), rnd(1, 2, 2, 3, 4))
+    check(lambda x: F.interpolate(x, scale_factor=2, mode="nearest"), rnd(1, 2, 2, 3, 4))
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "constant", "circular"])
+def test_pad_modes(mode: str) -> None:
+    check(lambda x: F.pad(x, (2, 1), mode=mode), rnd(2, 3, 5))
+    check(lambda x: F.pad(x, (1, 2, 2, 0), mode=mode), rnd(2, 3, 5, 4))
+    check(lambda x: F.pad(x, (1, 1, 1, 0, 0, 1), mode=mode), rnd(1, 2, 3, 4, 3))
+
+
+def test_constant_pad_negative_and_value() -> None:
+    check(lambda x: F.pad(x, (-1, 2, 0, -2), value=3.5), rnd(2, 4, 5))
+
+
+def test_scans() -> None:
+    x = rnd(4, 6)
+    check(lambda x: torch.cumsum(x, 1), x)
+    check(lambda x: torch.cumprod(x, 0), x)
+    check(lambda x: torch.logcumsumexp(x, 1), x)
+    check(lambda x: torch.cummax(x, 1), x)
+    check(lambda x: torch.cummin(x, 0), x)
+    ints = torch.randint(-5, 5, (3, 7), generator=torch.Generator().manual_seed(1))
+    check(lambda x: torch.cumsum(x, 1), ints, grad=False)
+    check(lambda x: torch.cummax(x, 1), ints, grad=False)
+    special = torch.tensor([1.0, float("nan"), 3.0, 3.0, -float("inf"), 5.0])
+    check(lambda x: torch.cummax(x, 0), special, grad=False)
+    check(lambda x: torch.logcumsumexp(x, 0), torch.tensor([-float("inf"), -float("inf"), 0.0, 1.0]), grad=False)
+
+
+def test_sorting() -> None:
+    x = rnd(5, 8)
+    check(lambda x: torch.sort(x, 1), x)
+    check(lambda x: torch.sort(x, dim=0, descending=True, stable=True), x)
+    check(lambda x: torch.topk(x, 3, 1), x)
+    check(lambda x: torch.topk(x, 2, 0, largest=False), x)
+    check(lambda x: torch.kthvalue(x, 3, 1), x)
+    check(lambda x: torch.argsort(x, 1), x, grad=False)
+    check(lambda x: torch.median(x, 1), x)
+    check(lambda x: torch.median(x), x)
+    nan = torch.tensor([[3.0, float("nan"), 1.0, 2.0], [4.0, 1.0, 2.0, 0.0]])
+    check(lambda x: torch.sort(x, 1), nan, grad=False)
+    check(lambda x: torch.median(x, 1), nan, grad=False)
+    check(lambda x: torch.nanmedian(x, 1), nan, grad=False)
+    ints = torch.tensor([[3, 1, 2, 1, 3], [0, -2, 5, 5, 1]])
+    check(lambda x: torch.sort(x, dim=1, stable=True), ints, grad=False)
+
+
+def test_shape_ops() -> None:
+    x = rnd(3, 4, 5)
+    check(lambda x: torch.flip(x, (0, 2)), x)
+    check(lambda x: torch.roll(x, (1, -2), (0, 2)), x)
+    check(lambda x: torch.roll(x, 7), x)
+    check(lambda x: x.repeat(2, 1, 3), x)
+    check(lambda x: x.repeat(2, 1, 1, 2), x)
+    check(lambda x: torch.tile(x, (2,)), x)
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+def test_losses(reduction: str) -> None:
+    x, y = rnd(4, 5), rnd(4, 5, seed=1)
+    check(lambda x, y: F.smooth_l1_loss(x, y, reduction=reduction, beta=0.5), x, y)
+    check(lambda x, y: F.smooth_l1_loss(x, y, reduction=reduction, beta=0.0), x, y)
+    check(lambda x, y: F.huber_loss(x, y, reduction=reduction, delta=0.7), x, y)
+    check(lambda x, y: F.l1_loss(x, y, reduction=reduction), x, y)
+    check(lambda x, y: F.mse_loss(x, y, reduction=reduction), x, y)
+    p, t = torch.sigmoid(x), torch.sigmoid(y)
+    w = rnd(5, seed=3).abs()
+    check(lambda p, t: F.binary_cross_entropy(p, t, reduction=reduction), p, t)
+    check(lambda p, t, w: F.binary_cross_entropy(p, t, w, reduction=reduction), p, t, w)
+    check(lambda x, t: F.binary_cross_entropy_with_logits(x, t, reduction=reduction), x, t)
+    check(lambda x, t, w: F.binary_cross_entropy_with_logits(x, t, pos_weight=w, reduction=reduction), x, t, w)
+    check(lambda x, y: F.soft_margin_loss(x, y.sign(), reduction=reduction), x, y)
+    check(lambda x, y: F.kl_div(F.log_softmax(x, 1), F.softmax(y, 1), reduction=reduction), x, y)
+    logits, target = rnd(2, 4, 3, 5), torch.randint(0, 4, (2, 3, 5), generator=torch.Generator().manual_seed(5))
+    target[0, 0, 0] = -100
+    check(lambda x: F.cross_entropy(x, target, reduction=reduction), logits)
+    check(lambda x: F.cross_entropy(x, target.clamp(min=0), weight=w[:4], reduction=reduction), logits)
+    check(lambda x: F.cross_entropy(x[:, :, 0, 0].T, target[:, 0, 0].clamp(min=0), label_smoothing=0.1,
+                                    reduction=reduction), logits)
