@@ -78,6 +78,23 @@ UNARY_KERNELS(silu, false)
 UNARY_KERNELS(mish, false)
 UNARY_KERNELS(hardsigmoid, false)
 UNARY_KERNELS(hardswish, false)
+UNARY_KERNELS(asinh, true)
+UNARY_KERNELS(acosh, true)
+UNARY_KERNELS(atanh, true)
+UNARY_KERNELS(lgamma, true)
+UNARY_KERNELS(digamma, true)
+UNARY_KERNELS(erfinv, true)
+UNARY_KERNELS(erfc, true)
+UNARY_KERNELS(special_i1e, true)
+UNARY_KERNELS(special_i1, true)
+UNARY_KERNELS(special_ndtri, true)
+UNARY_KERNELS(special_log_ndtr, true)
+UNARY_KERNELS(special_entr, true)
+UNARY_KERNELS(sinc, true)
+UNARY_KERNELS(deg2rad, true)
+UNARY_KERNELS(rad2deg, true)
+UNARY_KERNELS(angle, true)
+UNARY_KERNELS(sgn, false)
 
 at::Tensor relu_fn(const at::Tensor& self) { return unary_op("relu", self, nullptr, false); }
 at::Tensor& relu_inplace(at::Tensor& self) {
@@ -92,6 +109,11 @@ PREDICATE_KERNEL(isinf)
 PREDICATE_KERNEL(isfinite)
 PREDICATE_KERNEL(isposinf)
 PREDICATE_KERNEL(isneginf)
+PREDICATE_KERNEL(signbit)
+at::Tensor& signbit_out(const at::Tensor& self, at::Tensor& out) {
+  unary_op("signbit", self, &out, false, true);
+  return out;
+}
 at::Tensor& isposinf_out(const at::Tensor& self, at::Tensor& out) {
   unary_op("isposinf", self, &out, false, true);
   return out;
@@ -185,6 +207,93 @@ BINARY_KERNELS(logical_and, Tensor, true, false)
 BINARY_KERNELS(logical_or, Tensor, true, false)
 BINARY_KERNELS(logical_xor, Tensor, true, false)
 BINARY_KERNELS(xlogy, Tensor, false, true)
+BINARY_KERNELS(special_xlog1py, Tensor, false, true)
+BINARY_KERNELS(special_zeta, Tensor, false, true)
+BINARY_KERNELS(logaddexp, Tensor, false, true)
+BINARY_KERNELS(logaddexp2, Tensor, false, true)
+BINARY_KERNELS(hypot, Tensor, false, true)
+BINARY_KERNELS(copysign, Tensor, false, true)
+BINARY_KERNELS(nextafter, Tensor, false, false)
+BINARY_KERNELS(fmax, Tensor, false, false)
+BINARY_KERNELS(fmin, Tensor, false, false)
+BINARY_KERNELS(heaviside, Tensor, false, false)
+BINARY_KERNELS(bitwise_left_shift, Tensor, false, false)
+BINARY_KERNELS(bitwise_right_shift, Tensor, false, false)
+BINARY_KERNELS(div_floor, Tensor, false, false)
+
+// Autograd's placeholder for gradients known to be zero.
+at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout, std::optional<at::Device> device,
+                                 std::optional<bool> pin_memory) {
+  return at::zeros(size, at::TensorOptions().dtype(dtype).layout(layout).device(device).pinned_memory(pin_memory));
+}
+
+at::Tensor polygamma_impl(int64_t n, const at::Tensor& self, const at::Tensor* into) {
+  TORCH_CHECK(n >= 0, "polygamma(n, x) does not support negative n.");
+  OpBuilder op("aten::polygamma");
+  at::ScalarType out = float_result(self.scalar_type());
+  auto& b = op.b();
+  ir::DType acc = L::accumulate_type(to_ir(out));
+  Value x = b.convert(op.input(self), acc);
+  Value r = n == 0 ? b.unary("chlo.digamma", x) : b.binary("chlo.polygamma", b.scalar_like(x, static_cast<double>(n)), x);
+  return finish(op, b.convert(r, to_ir(out)), out, into);
+}
+at::Tensor polygamma_fn(int64_t n, const at::Tensor& s) { return polygamma_impl(n, s, nullptr); }
+at::Tensor& polygamma_out(int64_t n, const at::Tensor& s, at::Tensor& out) {
+  polygamma_impl(n, s, &out);
+  return out;
+}
+
+at::Tensor nan_to_num_impl(const at::Tensor& self, std::optional<double> nan, std::optional<double> posinf,
+                           std::optional<double> neginf, const at::Tensor* into) {
+  OpBuilder op("aten::nan_to_num");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (!at::isFloatingType(self.scalar_type())) return finish(op, x, self.scalar_type(), into);
+  double big = 0;
+  switch (self.scalar_type()) {
+    case at::kHalf: big = 65504.0; break;
+    case at::kBFloat16: big = 3.3895313892515355e38; break;
+    case at::kDouble: big = std::numeric_limits<double>::max(); break;
+    default: big = std::numeric_limits<float>::max(); break;
+  }
+  at::ScalarType t = self.scalar_type();
+  Value r = b.select(b.compare(x, x, "NE"), b.broadcast_to(op.scalar(nan.value_or(0.0), t), b.dims(x)), x);
+  r = b.select(b.compare(x, b.scalar_like(x, INFINITY), "EQ"), b.broadcast_to(op.scalar(posinf.value_or(big), t), b.dims(x)), r);
+  r = b.select(b.compare(x, b.scalar_like(x, -INFINITY), "EQ"), b.broadcast_to(op.scalar(neginf.value_or(-big), t), b.dims(x)), r);
+  return finish(op, r, self.scalar_type(), into);
+}
+at::Tensor nan_to_num_fn(const at::Tensor& s, std::optional<double> n, std::optional<double> p, std::optional<double> m) {
+  return nan_to_num_impl(s, n, p, m, nullptr);
+}
+at::Tensor& nan_to_num_out(const at::Tensor& s, std::optional<double> n, std::optional<double> p, std::optional<double> m,
+                           at::Tensor& out) {
+  nan_to_num_impl(s, n, p, m, &out);
+  return out;
+}
+at::Tensor& nan_to_num_inplace(at::Tensor& s, std::optional<double> n, std::optional<double> p, std::optional<double> m) {
+  nan_to_num_impl(s, n, p, m, &s);
+  return s;
+}
+
+at::Tensor logit_impl(const at::Tensor& self, std::optional<double> eps, const at::Tensor* into) {
+  OpBuilder op("aten::logit");
+  at::ScalarType out = float_result(self.scalar_type());
+  auto& b = op.b();
+  Value x = b.convert(op.input(self), to_ir(out));
+  if (eps) x = b.clamp(b.scalar_like(x, *eps), x, b.scalar_like(x, 1.0 - *eps));
+  Value r = b.unary("log", b.binary("divide", x, b.binary("subtract", b.scalar_like(x, 1), x)));
+  return finish(op, r, out, into);
+}
+at::Tensor logit_fn(const at::Tensor& s, std::optional<double> eps) { return logit_impl(s, eps, nullptr); }
+at::Tensor& logit_out(const at::Tensor& s, std::optional<double> eps, at::Tensor& out) {
+  logit_impl(s, eps, &out);
+  return out;
+}
+at::Tensor& logit_inplace(at::Tensor& s, std::optional<double> eps) {
+  logit_impl(s, eps, &s);
+  return s;
+}
 
 // add/sub with alpha (a runtime scalar, never baked into the program).
 at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha, const at::Tensor* into,
@@ -1427,8 +1536,51 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_UNARY(tanh) REG_UNARY(sinh) REG_UNARY(cosh) REG_UNARY(asin) REG_UNARY(acos) REG_UNARY(atan) REG_UNARY(sigmoid)
   REG_UNARY(erf) REG_UNARY(reciprocal) REG_UNARY(floor) REG_UNARY(ceil) REG_UNARY(round) REG_UNARY(trunc)
   REG_UNARY(frac) REG_UNARY(sign) REG_UNARY(bitwise_not) REG_UNARY(silu) REG_UNARY(mish) REG_UNARY(hardsigmoid)
-  REG_UNARY(hardswish)
+  REG_UNARY(hardswish) REG_UNARY(asinh) REG_UNARY(acosh) REG_UNARY(atanh) REG_UNARY(lgamma) REG_UNARY(digamma)
+  REG_UNARY(erfinv) REG_UNARY(erfc) REG_UNARY(sinc) REG_UNARY(deg2rad) REG_UNARY(rad2deg) REG_UNARY(sgn)
 #undef REG_UNARY
+#define REG_UNARY_NO_INPLACE(NAME) \
+  m.impl(#NAME, NAME##_fn);        \
+  m.impl(#NAME ".out", NAME##_out);
+  REG_UNARY_NO_INPLACE(special_i1e) REG_UNARY_NO_INPLACE(special_i1) REG_UNARY_NO_INPLACE(special_ndtri)
+  REG_UNARY_NO_INPLACE(special_log_ndtr) REG_UNARY_NO_INPLACE(special_entr) REG_UNARY_NO_INPLACE(angle)
+  REG_UNARY_NO_INPLACE(signbit) REG_UNARY_NO_INPLACE(logaddexp) REG_UNARY_NO_INPLACE(logaddexp2)
+  REG_UNARY_NO_INPLACE(fmax) REG_UNARY_NO_INPLACE(fmin) REG_UNARY_NO_INPLACE(special_xlog1py)
+  REG_UNARY_NO_INPLACE(special_zeta) REG_UNARY_NO_INPLACE(polygamma) REG_UNARY_NO_INPLACE(nan_to_num)
+  REG_UNARY_NO_INPLACE(logit)
+#undef REG_UNARY_NO_INPLACE
+  m.impl("nan_to_num_", nan_to_num_inplace);
+  m.impl("_efficientzerotensor", efficient_zero_tensor);
+  m.impl("logit_", logit_inplace);
+  m.impl("hypot", hypot_fn);
+  m.impl("hypot_", hypot_inplace);
+  m.impl("hypot.out", hypot_out);
+  m.impl("nextafter", nextafter_fn);
+  m.impl("nextafter_", nextafter_inplace);
+  m.impl("nextafter.out", nextafter_out);
+  m.impl("heaviside", heaviside_fn);
+  m.impl("heaviside_", heaviside_inplace);
+  m.impl("heaviside.out", heaviside_out);
+  m.impl("copysign.Tensor", copysign_fn);
+  m.impl("copysign_.Tensor", copysign_inplace);
+  m.impl("copysign.out", copysign_out);
+  m.impl("copysign.Scalar", copysign_s);
+  m.impl("copysign_.Scalar", copysign_s_inplace);
+  m.impl("copysign.Scalar_out", copysign_s_out);
+  m.impl("floor_divide", div_floor_fn);
+  m.impl("floor_divide_.Tensor", div_floor_inplace);
+  m.impl("floor_divide.out", div_floor_out);
+  m.impl("floor_divide.Scalar", div_floor_s);
+  m.impl("floor_divide_.Scalar", div_floor_s_inplace);
+#define REG_SHIFT(NAME)                                 \
+  m.impl(#NAME ".Tensor", NAME##_fn);                   \
+  m.impl(#NAME "_.Tensor", NAME##_inplace);             \
+  m.impl(#NAME ".Tensor_out", NAME##_out);              \
+  m.impl(#NAME ".Tensor_Scalar", NAME##_s);             \
+  m.impl(#NAME "_.Tensor_Scalar", NAME##_s_inplace);    \
+  m.impl(#NAME ".Tensor_Scalar_out", NAME##_s_out);
+  REG_SHIFT(bitwise_left_shift) REG_SHIFT(bitwise_right_shift)
+#undef REG_SHIFT
   m.impl("relu", relu_fn);
   m.impl("relu_", relu_inplace);
   m.impl("isnan", isnan_fn);

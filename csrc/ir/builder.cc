@@ -251,7 +251,7 @@ Value Builder::binary(const std::string& op, Value a, Value b) {
   if (!(type(a) == type(b))) {
     throw std::invalid_argument("ir: " + op + " operands differ: " + type(a).str() + " vs " + type(b).str());
   }
-  std::string name = op.rfind("stablehlo.", 0) == 0 ? op : "stablehlo." + op;
+  std::string name = op.find('.') != std::string::npos ? op : "stablehlo." + op;
   return g_.add(name, {a, b}, type(a));
 }
 

@@ -80,7 +80,13 @@ const std::map<std::string, UnaryFn>& unary_table() {
     simple("floor", "floor");
     simple("ceil", "ceil");
     simple("round", "round_nearest_even");
-    simple("sign", "sign");
+    t["sign"] = [](Builder& b, Value x) {
+      if (!ir::is_floating(b.dtype(x))) return b.unary("sign", x);
+      // torch: (0 < x) - (x < 0), so NaN and -0.0 give 0.
+      Value zero = b.scalar_like(x, 0);
+      Value pos = b.convert(b.compare(x, zero, "GT"), b.dtype(x)), neg = b.convert(b.compare(x, zero, "LT"), b.dtype(x));
+      return b.binary("subtract", pos, neg);
+    };
     simple("bitwise_not", "not");
     t["trunc"] = [](Builder& b, Value x) {
       return b.select(b.compare(x, b.scalar_like(x, 0), "LT"), b.unary("ceil", x), b.unary("floor", x));
@@ -133,6 +139,53 @@ const std::map<std::string, UnaryFn>& unary_table() {
     };
     t["hardswish"] = [](Builder& b, Value x) {
       return b.binary("multiply", x, unary_table().at("hardsigmoid")(b, x));
+    };
+    // XLA's CHLO decompositions (legalized by the plugin's compiler).
+    simple("asinh", "chlo.asinh");
+    simple("acosh", "chlo.acosh");
+    simple("atanh", "chlo.atanh");
+    simple("lgamma", "chlo.lgamma");
+    simple("digamma", "chlo.digamma");
+    simple("erfinv", "chlo.erf_inv");
+    simple("erfc", "chlo.erfc");
+    simple("special_i1e", "chlo.bessel_i1e");
+    t["sgn"] = [](Builder& b, Value x) { return unary_table().at("sign")(b, x); };
+    t["special_i1"] = [](Builder& b, Value x) {
+      return b.binary("multiply", b.unary("chlo.bessel_i1e", x), b.unary("exponential", b.unary("abs", x)));
+    };
+    t["sinc"] = [](Builder& b, Value x) {
+      Value px = b.binary("multiply", x, b.scalar_like(x, M_PI));
+      Value r = b.binary("divide", b.unary("sine", px), px);
+      return b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 1), r);
+    };
+    t["deg2rad"] = [](Builder& b, Value x) { return b.binary("multiply", x, b.scalar_like(x, M_PI / 180.0)); };
+    t["rad2deg"] = [](Builder& b, Value x) { return b.binary("multiply", x, b.scalar_like(x, 180.0 / M_PI)); };
+    t["signbit"] = [](Builder& b, Value x) {
+      if (!ir::is_floating(b.dtype(x))) return b.compare(x, b.scalar_like(x, 0), "LT");
+      // -0.0 has its sign bit set: 1 / -0.0 = -inf.
+      Value zero = b.scalar_like(x, 0);
+      Value neg_zero = b.binary("and", b.compare(x, zero, "EQ"),
+                                b.compare(b.binary("divide", b.scalar_like(x, 1), x), zero, "LT"));
+      return b.binary("or", b.compare(x, zero, "LT"), neg_zero);
+    };
+    t["special_ndtri"] = [](Builder& b, Value x) {
+      Value two_p_minus_1 = b.binary("subtract", b.binary("multiply", x, b.scalar_like(x, 2)), b.scalar_like(x, 1));
+      return b.binary("multiply", b.unary("chlo.erf_inv", two_p_minus_1), b.scalar_like(x, M_SQRT2));
+    };
+    t["special_log_ndtr"] = [](Builder& b, Value x) {
+      Value e = b.unary("chlo.erfc", b.binary("multiply", x, b.scalar_like(x, -M_SQRT1_2)));
+      return b.unary("log", b.binary("multiply", e, b.scalar_like(x, 0.5)));
+    };
+    t["special_entr"] = [](Builder& b, Value x) {
+      Value zero = b.scalar_like(x, 0);
+      Value r = b.unary("negate", b.binary("multiply", x, b.unary("log", x)));
+      r = b.select(b.compare(x, zero, "EQ"), zero, r);
+      return b.select(b.compare(x, zero, "LT"), b.scalar_like(x, -INFINITY), r);
+    };
+    t["angle"] = [](Builder& b, Value x) {
+      // Real inputs: pi for negatives, 0 otherwise, NaN stays NaN.
+      Value r = b.select(b.compare(x, b.scalar_like(x, 0), "LT"), b.scalar_like(x, M_PI), b.scalar_like(x, 0));
+      return b.select(b.compare(x, x, "NE"), x, r);
     };
     return t;
   }();
@@ -204,7 +257,60 @@ const std::map<std::string, BinaryFn>& binary_table() {
     logical("logical_xor", "xor");
     t["xlogy"] = [](Builder& b, Value x, Value y) {
       Value r = b.binary("multiply", x, b.unary("log", y));
-      return b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+      r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+      return b.select(b.compare(y, y, "NE"), y, r);  // NaN in y wins even when x == 0
+    };
+    t["special_xlog1py"] = [](Builder& b, Value x, Value y) {
+      Value r = b.binary("multiply", x, b.unary("log_plus_one", y));
+      r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+      return b.select(b.compare(y, y, "NE"), y, r);
+    };
+    t["logaddexp"] = [](Builder& b, Value x, Value y) {
+      Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
+      Value r = b.binary("add", hi, b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))));
+      // Equal infinities: the difference would be NaN.
+      return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
+    };
+    t["logaddexp2"] = [](Builder& b, Value x, Value y) {
+      Value ln2 = b.scalar_like(x, std::log(2.0));
+      Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
+      Value r = b.binary("add", hi, b.binary("divide", b.unary("log_plus_one", b.unary("exponential", b.binary("multiply", b.binary("subtract", lo, hi), ln2))), ln2));
+      return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
+    };
+    t["hypot"] = [](Builder& b, Value x, Value y) {
+      Value ax = b.unary("abs", x), ay = b.unary("abs", y);
+      Value hi = b.binary("maximum", ax, ay), lo = b.binary("minimum", ax, ay);
+      Value ratio = b.binary("divide", lo, hi);
+      Value r = b.binary("multiply", hi, b.unary("sqrt", b.binary("add", b.scalar_like(x, 1), b.binary("multiply", ratio, ratio))));
+      r = b.select(b.compare(hi, b.scalar_like(x, 0), "EQ"), hi, r);
+      return b.select(b.compare(hi, b.scalar_like(x, INFINITY), "EQ"), hi, r);
+    };
+    t["copysign"] = [](Builder& b, Value x, Value y) {
+      Value ax = b.unary("abs", x);
+      Value neg = unary_table().at("signbit")(b, y);
+      return b.select(neg, b.unary("negate", ax), ax);
+    };
+    t["nextafter"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.next_after", x, y); };
+    t["special_zeta"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.zeta", x, y); };
+    auto nan_ignoring = [&t](const std::string& name, const std::string& op) {
+      t[name] = [op](Builder& b, Value x, Value y) {
+        if (!ir::is_floating(b.dtype(x))) return b.binary(op, x, y);
+        Value r = b.binary(op, x, y);
+        r = b.select(b.compare(x, x, "NE"), y, r);
+        return b.select(b.compare(y, y, "NE"), x, r);
+      };
+    };
+    nan_ignoring("fmax", "maximum");
+    nan_ignoring("fmin", "minimum");
+    t["heaviside"] = [](Builder& b, Value x, Value y) {
+      Value zero = b.scalar_like(x, 0);
+      Value r = b.select(b.compare(x, zero, "GT"), b.scalar_like(x, 1), zero);
+      r = b.select(b.compare(x, zero, "EQ"), y, r);
+      return b.select(b.compare(x, x, "NE"), x, r);
+    };
+    t["bitwise_left_shift"] = [](Builder& b, Value x, Value y) { return b.binary("shift_left", x, y); };
+    t["bitwise_right_shift"] = [](Builder& b, Value x, Value y) {
+      return b.binary(ir::is_unsigned_int(b.dtype(x)) ? "shift_right_logical" : "shift_right_arithmetic", x, y);
     };
     return t;
   }();
