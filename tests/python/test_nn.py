@@ -199,9 +199,10 @@ def test_losses(reduction: str) -> None:
     check(lambda x, y: F.kl_div(F.log_softmax(x, 1), F.softmax(y, 1), reduction=reduction), x, y)
     logits, target = rnd(2, 4, 3, 5), torch.randint(0, 4, (2, 3, 5), generator=torch.Generator().manual_seed(5))
     target[0, 0, 0] = -100
-    check(lambda x: F.cross_entropy(x, target, reduction=reduction), logits)
-    check(lambda x: F.cross_entropy(x, target.clamp(min=0), weight=w[:4], reduction=reduction), logits)
-    check(lambda x: F.cross_entropy(x[:, :, 0, 0].T, target[:, 0, 0].clamp(min=0), label_smoothing=0.1,
+    check(lambda x: F.cross_entropy(x, target.to(x.device), reduction=reduction), logits)
+    check(lambda x: F.cross_entropy(x, target.clamp(min=0).to(x.device), weight=w[:4].to(x.device), reduction=reduction),
+          logits)
+    check(lambda x: F.cross_entropy(x[:, :, 0, 0], target[:, 0, 0].clamp(min=0).to(x.device), label_smoothing=0.1,
                                     reduction=reduction), logits)
 
 
