@@ -39,4 +39,10 @@ inline at::Tensor scalar_tensor_like(const at::Scalar& s) {
   return t;
 }
 
+// The generator an RNG op uses: the given one, else the device's default.
+inline at::Generator pick_generator(const std::optional<at::Generator>& gen, const at::Tensor& self) {
+  if (gen.has_value() && gen->defined()) return *gen;
+  return default_generator(self.device().index());
+}
+
 }  // namespace torch_pjrt::device

@@ -95,6 +95,8 @@ UNARY_KERNELS(deg2rad, true)
 UNARY_KERNELS(rad2deg, true)
 UNARY_KERNELS(angle, true)
 UNARY_KERNELS(sgn, false)
+UNARY_KERNELS(i0, true)
+UNARY_KERNELS(special_i0e, true)
 
 at::Tensor relu_fn(const at::Tensor& self) { return unary_op("relu", self, nullptr, false); }
 at::Tensor& relu_inplace(at::Tensor& self) {
@@ -469,6 +471,33 @@ at::Tensor& clamp_t_out(const at::Tensor& s, const std::optional<at::Tensor>& lo
   clamp_impl(s, lo, hi, &out);
   return out;
 }
+
+// clamp_min / clamp_max: one-sided clamp, Scalar or Tensor bound, functional / in-place / out=.
+#define ONE_SIDED_CLAMP(NAME, LO, HI)                                                                  \
+  at::Tensor NAME##_s(const at::Tensor& s, const at::Scalar& v) {                                      \
+    return clamp_impl(s, LO(scalar_tensor_like(v)), HI(scalar_tensor_like(v)), nullptr);              \
+  }                                                                                                    \
+  at::Tensor NAME##_t(const at::Tensor& s, const at::Tensor& v) { return clamp_impl(s, LO(v), HI(v), nullptr); } \
+  at::Tensor& NAME##_s_inplace(at::Tensor& s, const at::Scalar& v) {                                   \
+    clamp_impl(s, LO(scalar_tensor_like(v)), HI(scalar_tensor_like(v)), &s);                          \
+    return s;                                                                                          \
+  }                                                                                                    \
+  at::Tensor& NAME##_t_inplace(at::Tensor& s, const at::Tensor& v) {                                   \
+    clamp_impl(s, LO(v), HI(v), &s);                                                                   \
+    return s;                                                                                          \
+  }                                                                                                    \
+  at::Tensor& NAME##_s_out(const at::Tensor& s, const at::Scalar& v, at::Tensor& out) {                \
+    clamp_impl(s, LO(scalar_tensor_like(v)), HI(scalar_tensor_like(v)), &out);                        \
+    return out;                                                                                        \
+  }                                                                                                    \
+  at::Tensor& NAME##_t_out(const at::Tensor& s, const at::Tensor& v, at::Tensor& out) {                \
+    clamp_impl(s, LO(v), HI(v), &out);                                                                 \
+    return out;                                                                                        \
+  }
+std::optional<at::Tensor> bound(const at::Tensor& t) { return t; }
+std::optional<at::Tensor> no_bound(const at::Tensor&) { return std::nullopt; }
+ONE_SIDED_CLAMP(clamp_min, bound, no_bound)
+ONE_SIDED_CLAMP(clamp_max, no_bound, bound)
 
 // addcmul/addcdiv/lerp (optimizer updates).
 at::Tensor addc(const char* name, const at::Tensor& self, const at::Tensor& t1, const at::Tensor& t2,
@@ -1413,10 +1442,6 @@ at::Tensor mse_backward_fn(const at::Tensor& grad, const at::Tensor& self, const
 
 // ---------------------------------------------------------------- random
 
-at::Generator pick_generator(const std::optional<at::Generator>& gen, const at::Tensor& self) {
-  if (gen.has_value() && gen->defined()) return *gen;
-  return default_generator(self.device().index());
-}
 
 at::Tensor& uniform_fn(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "uniform_ only supports floating point dtypes, got ", self.scalar_type());
@@ -1537,12 +1562,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_UNARY(erf) REG_UNARY(reciprocal) REG_UNARY(floor) REG_UNARY(ceil) REG_UNARY(round) REG_UNARY(trunc)
   REG_UNARY(frac) REG_UNARY(sign) REG_UNARY(bitwise_not) REG_UNARY(silu) REG_UNARY(mish) REG_UNARY(hardsigmoid)
   REG_UNARY(hardswish) REG_UNARY(asinh) REG_UNARY(acosh) REG_UNARY(atanh) REG_UNARY(lgamma) REG_UNARY(digamma)
-  REG_UNARY(erfinv) REG_UNARY(erfc) REG_UNARY(sinc) REG_UNARY(deg2rad) REG_UNARY(rad2deg) REG_UNARY(sgn)
+  REG_UNARY(erfinv) REG_UNARY(erfc) REG_UNARY(sinc) REG_UNARY(deg2rad) REG_UNARY(rad2deg) REG_UNARY(sgn) REG_UNARY(i0)
 #undef REG_UNARY
 #define REG_UNARY_NO_INPLACE(NAME) \
   m.impl(#NAME, NAME##_fn);        \
   m.impl(#NAME ".out", NAME##_out);
-  REG_UNARY_NO_INPLACE(special_i1e) REG_UNARY_NO_INPLACE(special_i1) REG_UNARY_NO_INPLACE(special_ndtri)
+  REG_UNARY_NO_INPLACE(special_i0e) REG_UNARY_NO_INPLACE(special_i1e) REG_UNARY_NO_INPLACE(special_i1) REG_UNARY_NO_INPLACE(special_ndtri)
   REG_UNARY_NO_INPLACE(special_log_ndtr) REG_UNARY_NO_INPLACE(special_entr) REG_UNARY_NO_INPLACE(angle)
   REG_UNARY_NO_INPLACE(signbit) REG_UNARY_NO_INPLACE(logaddexp) REG_UNARY_NO_INPLACE(logaddexp2)
   REG_UNARY_NO_INPLACE(fmax) REG_UNARY_NO_INPLACE(fmin) REG_UNARY_NO_INPLACE(special_xlog1py)
@@ -1550,6 +1575,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_UNARY_NO_INPLACE(logit)
 #undef REG_UNARY_NO_INPLACE
   m.impl("nan_to_num_", nan_to_num_inplace);
+#define REG_ONE_SIDED_CLAMP(NAME)                   \
+  m.impl(#NAME, NAME##_s);                          \
+  m.impl(#NAME ".Tensor", NAME##_t);                \
+  m.impl(#NAME "_", NAME##_s_inplace);              \
+  m.impl(#NAME "_.Tensor", NAME##_t_inplace);       \
+  m.impl(#NAME ".out", NAME##_s_out);               \
+  m.impl(#NAME ".Tensor_out", NAME##_t_out);
+  REG_ONE_SIDED_CLAMP(clamp_min) REG_ONE_SIDED_CLAMP(clamp_max)
+#undef REG_ONE_SIDED_CLAMP
   m.impl("_efficientzerotensor", efficient_zero_tensor);
   m.impl("logit_", logit_inplace);
   m.impl("hypot", hypot_fn);

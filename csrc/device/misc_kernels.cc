@@ -1,0 +1,952 @@
+// Native kernels for indexing updates (index_add/copy/fill, masked_scatter,
+// take/put, scatter_reduce, searchsorted), extra reductions, factories,
+// small linear algebra, random distributions and embedding_bag.
+#include <ATen/ExpandUtils.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/native/TypeProperties.h>
+#include <torch/library.h>
+
+#include "device/context.h"
+#include "device/kernel_util.h"
+#include "lowering/nn.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Builder;
+using ir::DType;
+using ir::Value;
+namespace L = lowering;
+
+// Moves `dim` to the front (and back): index_put works on leading dims.
+std::vector<int64_t> front_perm(int64_t rank, int64_t dim) {
+  std::vector<int64_t> perm{dim};
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i != dim) perm.push_back(i);
+  }
+  return perm;
+}
+std::vector<int64_t> inverse_perm(const std::vector<int64_t>& perm) {
+  std::vector<int64_t> inv(perm.size());
+  for (size_t i = 0; i < perm.size(); ++i) inv[perm[i]] = static_cast<int64_t>(i);
+  return inv;
+}
+
+Value flat_index(Builder& b, Value index) { return b.reshape(b.convert(index, DType::S64), {b.type(index).numel()}); }
+
+void check_index_dtype(const char* name, const at::Tensor& index) {
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, name,
+                    "(): Expected dtype int32/int64 for index but got ", index.scalar_type());
+  TORCH_CHECK_INDEX(index.dim() <= 1, name, "(): Index is supposed to be a vector, got ", index.dim(), "-D");
+}
+
+// self with rows `index` along dim replaced by (or accumulated with) `values` [len(index), rest...] along dim.
+at::Tensor index_update(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index,
+                        const std::function<Value(OpBuilder&, Value self_value, const std::vector<int64_t>& rows_shape)>& values,
+                        bool accumulate, const at::Tensor* into) {
+  check_index_dtype(name, index);
+  int64_t rank = std::max<int64_t>(self.dim(), 1);
+  int64_t d = at::maybe_wrap_dim(dim, rank);
+  int64_t size = self.dim() == 0 ? 1 : self.size(d);
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  Value idx = flat_index(b, op.input(index));
+  op.check_flag(L::index_out_of_range(b, idx, size),
+                std::string("index out of range in aten::") + name + " (dimension size " + std::to_string(size) + ")");
+  auto perm = front_perm(rank, d);
+  Value xt = b.transpose(x, perm);
+  std::vector<int64_t> rows_shape = b.dims(xt);
+  rows_shape[0] = b.type(idx).numel();
+  Value v = b.convert(values(op, x, rows_shape), b.dtype(x));
+  Value r = b.transpose(L::index_put(b, xt, {idx}, v, accumulate), inverse_perm(perm));
+  if (self.dim() == 0) r = b.reshape(r, {});
+  return finish(op, r, self.scalar_type(), into);
+}
+
+// The source tensor's rows, moved like self (dim first), checked against the expected shape.
+std::function<Value(OpBuilder&, Value, const std::vector<int64_t>&)> source_rows(const char* name, const at::Tensor& self,
+                                                                             int64_t dim, const at::Tensor& source,
+                                                                             const at::Scalar* alpha) {
+  return [=](OpBuilder& op, Value, const std::vector<int64_t>& rows_shape) {
+    auto& b = op.b();
+    int64_t rank = std::max<int64_t>(self.dim(), 1);
+    int64_t d = at::maybe_wrap_dim(dim, rank);
+    Value s = op.input(source);
+    if (source.dim() == 0) s = b.reshape(s, {1});
+    Value st = b.transpose(s, front_perm(rank, d));
+    TORCH_CHECK(b.dims(st) == rows_shape, name, "(): source of shape ", source.sizes(),
+                " does not match self of shape ", self.sizes(), " with ", rows_shape[0], " indices along dim ", d);
+    if (alpha) {
+      at::ScalarType t = self.scalar_type();
+      st = b.binary("multiply", b.convert(st, to_ir(t)), b.broadcast_to(op.scalar(*alpha, t), rows_shape));
+    }
+    return st;
+  };
+}
+
+at::Tensor index_add_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, const at::Scalar& a) {
+  return index_update("index_add", s, d, i, source_rows("index_add", s, d, src, &a), true, nullptr);
+}
+at::Tensor& index_add_out(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, const at::Scalar& a,
+                          at::Tensor& out) {
+  index_update("index_add", s, d, i, source_rows("index_add", s, d, src, &a), true, &out);
+  return out;
+}
+at::Tensor& index_add_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, const at::Scalar& a) {
+  index_update("index_add", s, d, i, source_rows("index_add", s, d, src, &a), true, &s);
+  return s;
+}
+at::Tensor index_copy_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src) {
+  return index_update("index_copy", s, d, i, source_rows("index_copy", s, d, src, nullptr), false, nullptr);
+}
+at::Tensor& index_copy_out(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, at::Tensor& out) {
+  index_update("index_copy", s, d, i, source_rows("index_copy", s, d, src, nullptr), false, &out);
+  return out;
+}
+at::Tensor& index_copy_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src) {
+  index_update("index_copy", s, d, i, source_rows("index_copy", s, d, src, nullptr), false, &s);
+  return s;
+}
+
+at::Tensor index_fill_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& value,
+                           const at::Tensor* into) {
+  TORCH_CHECK(value.dim() == 0, "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
+              value.dim(), " dimension(s).");
+  return index_update("index_fill", self, dim, index,
+                      [&](OpBuilder& op, Value, const std::vector<int64_t>& rows_shape) {
+                        auto& b = op.b();
+                        return b.broadcast_to(b.convert(op.input(value), to_ir(self.scalar_type())), rows_shape);
+                      },
+                      false, into);
+}
+at::Tensor index_fill_s(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
+  return index_fill_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), nullptr);
+}
+at::Tensor index_fill_t(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& v) {
+  return index_fill_impl(s, d, i, v, nullptr);
+}
+at::Tensor& index_fill_s_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
+  index_fill_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), &s);
+  return s;
+}
+at::Tensor& index_fill_t_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& v) {
+  index_fill_impl(s, d, i, v, &s);
+  return s;
+}
+
+at::Tensor masked_scatter_impl(const at::Tensor& self, const at::Tensor& mask, const at::Tensor& source,
+                               const at::Tensor* into) {
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "masked_scatter_ only supports boolean masks, but got mask with dtype ",
+              mask.scalar_type());
+  TORCH_CHECK(self.scalar_type() == source.scalar_type(), "masked_scatter: expected self and source to have same dtypes but got ",
+              self.scalar_type(), " and ", source.scalar_type());
+  OpBuilder op("aten::masked_scatter");
+  auto& b = op.b();
+  Value x = op.input(self);
+  std::vector<int64_t> shape = into ? vec(self.sizes()) : ir::broadcast_shapes(b.dims(x), vec(mask.sizes()));
+  x = b.broadcast_to(x, shape);
+  Value m = b.broadcast_to(op.input(mask), shape);
+  int64_t n = 1;
+  for (int64_t s : shape) n *= s;
+  // The k-th true position (row-major) takes source element k.
+  Value pos = b.binary("subtract", L::cumulative(b, b.reshape(b.convert(m, DType::S64), {n}), 0, "sum"),
+                       b.constant_int(DType::S64, 1, {n}));
+  int64_t available = std::max<int64_t>(source.numel(), 1);
+  Value src = b.reshape(op.input(source), {source.numel()});
+  if (source.numel() == 0) src = b.constant(to_ir(self.scalar_type()), 0, {1});
+  Value clipped = b.clamp(b.constant_int(DType::S64, 0, {n}), pos, b.constant_int(DType::S64, available - 1, {n}));
+  Value taken = b.reshape(L::index_select(b, src, 0, clipped), shape);
+  Value mf = b.reshape(m, {n});
+  Value too_few = L::any_all(b, b.binary("and", mf, b.compare(pos, b.constant_int(DType::S64, source.numel(), {n}), "GE")),
+                             {}, false, false);
+  op.check_flag(too_few, "aten::masked_scatter: number of true mask elements exceeds the number of source elements");
+  return finish(op, b.select(m, taken, x), self.scalar_type(), into);
+}
+at::Tensor masked_scatter_fn(const at::Tensor& s, const at::Tensor& m, const at::Tensor& src) {
+  return masked_scatter_impl(s, m, src, nullptr);
+}
+at::Tensor& masked_scatter_inplace(at::Tensor& s, const at::Tensor& m, const at::Tensor& src) {
+  masked_scatter_impl(s, m, src, &s);
+  return s;
+}
+
+at::Tensor take_fn(const at::Tensor& self, const at::Tensor& index) {
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong, "take(): Expected a long tensor for index, but got ", index.scalar_type());
+  TORCH_CHECK_INDEX(self.numel() > 0 || index.numel() == 0, "take(): tried to take from an empty tensor");
+  OpBuilder op("aten::take");
+  auto& b = op.b();
+  Value idx = flat_index(b, op.input(index));
+  op.check_flag(L::index_out_of_range(b, idx, self.numel()),
+                "index out of range in aten::take (numel " + std::to_string(self.numel()) + ")");
+  Value flat = b.reshape(op.input(self), {self.numel()});
+  if (self.numel() == 0) flat = b.constant(to_ir(self.scalar_type()), 0, {1});
+  Value r = b.reshape(L::index_select(b, flat, 0, idx), vec(index.sizes()));
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+at::Tensor put_impl(const at::Tensor& self, const at::Tensor& index, const at::Tensor& source, bool accumulate,
+                    const at::Tensor* into) {
+  TORCH_CHECK_INDEX(index.scalar_type() == at::kLong, "put_(): Expected a long tensor for index, but got ", index.scalar_type());
+  TORCH_CHECK(index.numel() == source.numel(), "put_(): Expected source and index to have the same number of elements, but got source.numel() = ",
+              source.numel(), ", index.numel() = ", index.numel());
+  OpBuilder op("aten::put");
+  auto& b = op.b();
+  Value idx = flat_index(b, op.input(index));
+  op.check_flag(L::index_out_of_range(b, idx, self.numel()),
+                "index out of range in aten::put (numel " + std::to_string(self.numel()) + ")");
+  Value flat = b.reshape(op.input(self), {self.numel()});
+  Value src = b.convert(b.reshape(op.input(source), {source.numel()}), to_ir(self.scalar_type()));
+  Value r = b.reshape(L::index_put(b, flat, {idx}, src, accumulate), vec(self.sizes()));
+  return finish(op, r, self.scalar_type(), into);
+}
+at::Tensor put_fn(const at::Tensor& s, const at::Tensor& i, const at::Tensor& src, bool acc) {
+  return put_impl(s, i, src, acc, nullptr);
+}
+at::Tensor& put_inplace(at::Tensor& s, const at::Tensor& i, const at::Tensor& src, bool acc) {
+  put_impl(s, i, src, acc, &s);
+  return s;
+}
+
+at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
+                               c10::string_view reduce, bool include_self, const at::Tensor* into) {
+  TORCH_CHECK(reduce == "sum" || reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
+              "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
+  TORCH_CHECK(index.scalar_type() == at::kLong, "scatter_reduce(): Expected dtype int64 for index");
+  TORCH_CHECK(self.scalar_type() == src.scalar_type(), "scatter_reduce(): Expected self.dtype to be equal to src.dtype");
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  int64_t size = self.dim() == 0 ? 1 : self.size(d);
+  OpBuilder op("aten::scatter_reduce");
+  auto& b = op.b();
+  Value x = op.input(self), idx = op.input(index), s = op.input(src);
+  if (index.numel() == 0) return finish(op, x, self.scalar_type(), into);
+  op.check_flag(L::index_out_of_range(b, idx, size), "index out of range in aten::scatter_reduce (size " + std::to_string(size) + ")");
+  DType dt = b.dtype(x);
+  std::string r(reduce);
+  Value base = x;
+  if (!include_self) {
+    // Scattered positions start from the reduction's identity instead of self.
+    Value identity;
+    if (r == "sum" || r == "mean") identity = b.constant(dt, 0, b.dims(idx));
+    else if (r == "prod") identity = b.constant(dt, 1, b.dims(idx));
+    else if (r == "amax") identity = L::lowest(b, dt, b.dims(idx));
+    else identity = L::highest(b, dt, b.dims(idx));
+    base = L::scatter(b, x, d, idx, identity, "");
+  }
+  Value out = L::scatter(b, base, d, idx, s, r == "mean" ? "add" : r);
+  if (r == "mean") {
+    Value ones = b.constant(dt, 1, b.dims(idx));
+    Value count = L::scatter(b, b.constant(dt, include_self ? 1 : 0, b.dims(x)), d, idx, ones, "add");
+    count = b.binary("maximum", count, b.scalar_like(count, 1));
+    out = ir::is_floating(dt) ? b.binary("divide", out, count) : L::binary(b, "div_floor", out, count, dt, dt);
+  }
+  return finish(op, out, self.scalar_type(), into);
+}
+at::Tensor scatter_reduce_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                             c10::string_view r, bool inc) {
+  return scatter_reduce_impl(s, d, i, src, r, inc, nullptr);
+}
+at::Tensor& scatter_reduce_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                                   c10::string_view r, bool inc) {
+  scatter_reduce_impl(s, d, i, src, r, inc, &s);
+  return s;
+}
+at::Tensor& scatter_reduce_out(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                               c10::string_view r, bool inc, at::Tensor& out) {
+  scatter_reduce_impl(s, d, i, src, r, inc, &out);
+  return out;
+}
+
+// searchsorted: the number of boundary elements < v (left) or <= v (right) in each row.
+at::Tensor searchsorted_impl(const at::Tensor& sorted, const at::Tensor& values, bool out_int32, bool right,
+                             std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter) {
+  if (side) {
+    TORCH_CHECK(*side == "left" || *side == "right", "torch.searchsorted(): side can only be 'left' or 'right' but got ", *side);
+    TORCH_CHECK(!right || *side == "right", "torch.searchsorted(): side and right can't be set to opposites, got side of ",
+                *side, " while right was True");
+    right = *side == "right";
+  }
+  TORCH_CHECK(sorted.dim() == 1 || (sorted.dim() == values.dim() &&
+                                    sorted.sizes().slice(0, sorted.dim() - 1).equals(values.sizes().slice(0, values.dim() - 1))),
+              "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, but we got boundaries tensor ",
+              sorted.sizes(), " and input value tensor ", values.sizes());
+  OpBuilder op("aten::searchsorted");
+  auto& b = op.b();
+  at::ScalarType common = at::promote_types(sorted.scalar_type(), values.scalar_type());
+  Value seq = b.convert(op.input(sorted), to_ir(common));
+  if (sorter && sorter->defined()) seq = L::gather(b, seq, sorted.dim() - 1, op.input(*sorter));
+  Value v = b.convert(op.input(values), to_ir(common));
+  auto vd = b.dims(v);
+  int64_t m = sorted.size(-1);
+  std::vector<int64_t> wide = vd;
+  wide.push_back(m);
+  std::vector<int64_t> v_map, s_map;
+  for (size_t i = 0; i < vd.size(); ++i) v_map.push_back(static_cast<int64_t>(i));
+  if (sorted.dim() == 1) {
+    s_map = {static_cast<int64_t>(vd.size())};
+  } else {
+    for (size_t i = 0; i + 1 < vd.size(); ++i) s_map.push_back(static_cast<int64_t>(i));
+    s_map.push_back(static_cast<int64_t>(vd.size()));
+  }
+  Value vb = b.broadcast_in_dim(v, wide, v_map), sb = b.broadcast_in_dim(seq, wide, s_map);
+  Value below = b.compare(sb, vb, right ? "LE" : "LT");
+  Value count = L::sum(b, b.convert(below, DType::S64), {static_cast<int64_t>(vd.size())}, false, DType::S64);
+  at::ScalarType out = out_int32 ? at::kInt : at::kLong;
+  return finish(op, b.convert(count, to_ir(out)), out, nullptr);
+}
+at::Tensor searchsorted_fn(const at::Tensor& seq, const at::Tensor& v, bool i32, bool right,
+                           std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter) {
+  return searchsorted_impl(seq, v, i32, right, side, sorter);
+}
+at::Tensor searchsorted_scalar_fn(const at::Tensor& seq, const at::Scalar& v, bool i32, bool right,
+                                  std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter) {
+  return searchsorted_impl(seq, scalar_tensor_like(v), i32, right, side, sorter);
+}
+at::Tensor bucketize_fn(const at::Tensor& self, const at::Tensor& boundaries, bool i32, bool right) {
+  TORCH_CHECK(boundaries.dim() == 1, "boundaries tensor must be 1 dimension, but got dim(", boundaries.dim(), ")");
+  return searchsorted_impl(boundaries, self, i32, right, std::nullopt, std::nullopt);
+}
+
+// ---------------------------------------------------------------- reductions
+
+std::vector<int64_t> reduction_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
+  std::vector<int64_t> out;
+  if (!dims || dims->empty() || self.dim() == 0) return out;
+  for (int64_t d : *dims) out.push_back(at::maybe_wrap_dim(d, self.dim()));
+  return out;
+}
+
+at::Tensor nansum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
+                       std::optional<at::ScalarType> dtype, const at::Tensor* into) {
+  at::ScalarType out = dtype ? *dtype
+                             : (into ? into->scalar_type()
+                                     : (at::isIntegralType(self.scalar_type(), true) ? at::kLong : self.scalar_type()));
+  OpBuilder op("aten::nansum");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (ir::is_floating(b.dtype(x))) x = b.select(b.compare(x, x, "NE"), b.scalar_like(x, 0), x);
+  Value r = L::sum(b, x, reduction_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
+  return finish(op, r, out, into);
+}
+at::Tensor nansum_fn(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, std::optional<at::ScalarType> t) {
+  return nansum_impl(s, d, k, t, nullptr);
+}
+at::Tensor& nansum_out(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, std::optional<at::ScalarType> t,
+                       at::Tensor& out) {
+  nansum_impl(s, d, k, t, &out);
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> moments(const char* name, const at::Tensor& self, at::OptionalIntArrayRef dims,
+                                           const std::optional<at::Scalar>& correction, bool keepdim, bool take_sqrt) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), name, ": only supports floating point dtypes, got ", self.scalar_type());
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value x = op.input(self);
+  auto d = reduction_dims(self, dims);
+  bool kd = keepdim && self.dim() > 0;
+  DType dt = to_ir(self.scalar_type());
+  Value v = L::var(b, x, d, correction ? correction->toDouble() : 1.0, kd, dt);
+  if (take_sqrt) v = b.unary("sqrt", v);
+  Value m = L::mean(b, x, d, kd, dt);
+  at::Tensor first = op.output(v, self.scalar_type());
+  at::Tensor second = op.output(m, self.scalar_type());
+  op.run();
+  return {first, second};
+}
+std::tuple<at::Tensor, at::Tensor> std_mean_fn(const at::Tensor& s, at::OptionalIntArrayRef d,
+                                               const std::optional<at::Scalar>& c, bool k) {
+  return moments("std_mean", s, d, c, k, true);
+}
+std::tuple<at::Tensor, at::Tensor> var_mean_fn(const at::Tensor& s, at::OptionalIntArrayRef d,
+                                               const std::optional<at::Scalar>& c, bool k) {
+  return moments("var_mean", s, d, c, k, false);
+}
+
+std::tuple<at::Tensor, at::Tensor> aminmax_fn(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  TORCH_CHECK(self.numel() > 0 || dim, "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.");
+  OpBuilder op("aten::aminmax");
+  auto& b = op.b();
+  Value x = op.input(self);
+  std::vector<int64_t> d;
+  if (dim && self.dim() > 0) {
+    d.push_back(at::maybe_wrap_dim(*dim, self.dim()));
+    TORCH_CHECK(self.size(d[0]) > 0, "aminmax(): Expected reduction dim ", d[0], " to have non-zero size.");
+  }
+  bool kd = keepdim && self.dim() > 0;
+  Value lo = L::amax(b, x, d, kd, false), hi = L::amax(b, x, d, kd, true);
+  if (!dim && keepdim) {
+    lo = b.reshape(lo, std::vector<int64_t>(self.dim(), 1));
+    hi = b.reshape(hi, std::vector<int64_t>(self.dim(), 1));
+  }
+  at::Tensor mn = op.output(lo, self.scalar_type());
+  at::Tensor mx = op.output(hi, self.scalar_type());
+  op.run();
+  return {mn, mx};
+}
+
+at::Tensor count_nonzero_fn(const at::Tensor& self, c10::IntArrayRef dims) {
+  OpBuilder op("aten::count_nonzero");
+  auto& b = op.b();
+  Value x = op.input(self);
+  Value nz = b.convert(b.compare(x, b.scalar_like(x, 0), "NE"), DType::S64);
+  return finish(op, L::sum(b, nz, reduction_dims(self, dims), false, DType::S64), at::kLong, nullptr);
+}
+
+at::Tensor trace_fn(const at::Tensor& self) {
+  TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
+  OpBuilder op("aten::trace");
+  auto& b = op.b();
+  Value x = op.input(self);
+  auto shape = b.dims(x);
+  Value diag = b.compare(b.iota(DType::S64, shape, 0), b.iota(DType::S64, shape, 1), "EQ");
+  at::ScalarType out = at::isIntegralType(self.scalar_type(), true) ? at::kLong : self.scalar_type();
+  Value r = L::sum(b, b.select(diag, x, b.scalar_like(x, 0)), {}, false, to_ir(out));
+  return finish(op, r, out, nullptr);
+}
+
+// ---------------------------------------------------------------- linear algebra
+
+// beta * self + alpha * product; beta == 0 ignores self (NaN included), as torch does.
+Value scaled_sum(OpBuilder& op, const at::Tensor& self, Value product, const at::Scalar& beta, const at::Scalar& alpha,
+                 at::ScalarType t) {
+  auto& b = op.b();
+  auto shape = b.dims(product);
+  Value r = b.binary("multiply", product, b.broadcast_to(op.scalar(alpha, t), shape));
+  if (beta.toComplexDouble() == 0.0) return r;
+  Value s = b.broadcast_to(b.convert(op.input(self), to_ir(t)), shape);
+  return b.binary("add", r, b.binary("multiply", s, b.broadcast_to(op.scalar(beta, t), shape)));
+}
+
+at::Tensor addbmm_impl(const at::Tensor& self, const at::Tensor& b1, const at::Tensor& b2, const at::Scalar& beta,
+                       const at::Scalar& alpha, const at::Tensor* into) {
+  TORCH_CHECK(b1.dim() == 3 && b2.dim() == 3, "batch1 and batch2 must be 3D tensors");
+  TORCH_CHECK(b1.size(0) == b2.size(0) && b1.size(2) == b2.size(1), "addbmm: incompatible batch matrices ", b1.sizes(),
+              " and ", b2.sizes());
+  OpBuilder op("aten::addbmm");
+  auto& b = op.b();
+  at::ScalarType t = self.scalar_type();
+  // Contract over the batch and the inner dim at once.
+  Value p = b.dot_general(op.input(b1), op.input(b2), {}, {}, {0, 2}, {0, 1}, to_ir(t));
+  return finish(op, scaled_sum(op, self, p, beta, alpha, t), t, into);
+}
+at::Tensor addbmm_fn(const at::Tensor& s, const at::Tensor& a, const at::Tensor& c, const at::Scalar& be,
+                     const at::Scalar& al) {
+  return addbmm_impl(s, a, c, be, al, nullptr);
+}
+at::Tensor& addbmm_out(const at::Tensor& s, const at::Tensor& a, const at::Tensor& c, const at::Scalar& be,
+                       const at::Scalar& al, at::Tensor& out) {
+  addbmm_impl(s, a, c, be, al, &out);
+  return out;
+}
+at::Tensor& addbmm_inplace(at::Tensor& s, const at::Tensor& a, const at::Tensor& c, const at::Scalar& be,
+                           const at::Scalar& al) {
+  addbmm_impl(s, a, c, be, al, &s);
+  return s;
+}
+
+at::Tensor addr_impl(const at::Tensor& self, const at::Tensor& v1, const at::Tensor& v2, const at::Scalar& beta,
+                     const at::Scalar& alpha, const at::Tensor* into) {
+  TORCH_CHECK(v1.dim() == 1 && v2.dim() == 1, "addr: Expected 1-D argument vec1 and vec2, but got ", v1.dim(), "-D and ",
+              v2.dim(), "-D");
+  OpBuilder op("aten::addr");
+  auto& b = op.b();
+  at::ScalarType t = at::native::result_type(std::vector<at::Tensor>{self, v1, v2});
+  if (into) t = into->scalar_type();
+  std::vector<int64_t> shape{v1.size(0), v2.size(0)};
+  Value a = b.broadcast_in_dim(b.convert(op.input(v1), to_ir(t)), shape, {0});
+  Value c = b.broadcast_in_dim(b.convert(op.input(v2), to_ir(t)), shape, {1});
+  Value p = t == at::kBool ? b.binary("and", a, c) : b.binary("multiply", a, c);
+  if (t == at::kBool) {
+    Value s = b.broadcast_to(op.input(self), shape);
+    Value r = beta.toBool() ? b.binary("or", s, p) : p;
+    return finish(op, alpha.toBool() ? r : (beta.toBool() ? s : b.constant_int(DType::Pred, 0, shape)), t, into);
+  }
+  return finish(op, scaled_sum(op, self, p, beta, alpha, t), t, into);
+}
+at::Tensor addr_fn(const at::Tensor& s, const at::Tensor& a, const at::Tensor& c, const at::Scalar& be,
+                   const at::Scalar& al) {
+  return addr_impl(s, a, c, be, al, nullptr);
+}
+at::Tensor& addr_out(const at::Tensor& s, const at::Tensor& a, const at::Tensor& c, const at::Scalar& be,
+                     const at::Scalar& al, at::Tensor& out) {
+  addr_impl(s, a, c, be, al, &out);
+  return out;
+}
+
+at::Tensor linalg_cross_fn(const at::Tensor& self, const at::Tensor& other, int64_t dim) {
+  TORCH_CHECK(self.dim() == other.dim(), "linalg.cross: inputs must have the same number of dimensions.");
+  auto shape = at::infer_size(self.sizes(), other.sizes());
+  int64_t d = at::maybe_wrap_dim(dim, static_cast<int64_t>(shape.size()));
+  TORCH_CHECK(self.size(d) == 3 && other.size(d) == 3, "linalg.cross: inputs dimension ", d, " must have length 3. Got ",
+              self.size(d), " and ", other.size(d));
+  OpBuilder op("aten::linalg_cross");
+  auto& b = op.b();
+  at::ScalarType t = at::result_type(self, other);
+  Value x = b.broadcast_to(b.convert(op.input(self), to_ir(t)), vec(shape));
+  Value y = b.broadcast_to(b.convert(op.input(other), to_ir(t)), vec(shape));
+  auto comp = [&](Value v, int64_t i) { return b.slice_dim(v, d, i, i + 1); };
+  auto term = [&](int64_t i, int64_t j) {
+    return b.binary("subtract", b.binary("multiply", comp(x, i), comp(y, j)), b.binary("multiply", comp(x, j), comp(y, i)));
+  };
+  Value r = b.concatenate({term(1, 2), term(2, 0), term(0, 1)}, d);
+  return finish(op, r, t, nullptr);
+}
+
+at::Tensor stack_fn(at::TensorList tensors, int64_t dim) {
+  TORCH_CHECK(!tensors.empty(), "stack expects a non-empty TensorList");
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.sizes().equals(tensors[0].sizes()), "stack expects each tensor to be equal size, but got ",
+                tensors[0].sizes(), " at entry 0 and ", t.sizes(), " at entry ", &t - tensors.data());
+  }
+  int64_t d = at::maybe_wrap_dim(dim, tensors[0].dim() + 1);
+  OpBuilder op("aten::stack");
+  auto& b = op.b();
+  at::ScalarType t = at::native::result_type(tensors);
+  std::vector<int64_t> one = vec(tensors[0].sizes());
+  one.insert(one.begin() + d, 1);
+  std::vector<Value> parts;
+  for (const auto& x : tensors) parts.push_back(b.reshape(b.convert(op.input(x), to_ir(t)), one));
+  return finish(op, b.concatenate(parts, d), t, nullptr);
+}
+
+// Functional scatters of a view (used by functionalization and autograd): copy into a clone's view.
+at::Tensor slice_scatter_fn(const at::Tensor& self, const at::Tensor& src, int64_t dim, std::optional<int64_t> start,
+                            std::optional<int64_t> end, int64_t step) {
+  at::Tensor out = self.clone();
+  out.slice(dim, start, end, step).copy_(src);
+  return out;
+}
+at::Tensor select_scatter_fn(const at::Tensor& self, const at::Tensor& src, int64_t dim, int64_t index) {
+  at::Tensor out = self.clone();
+  out.select(dim, index).copy_(src);
+  return out;
+}
+at::Tensor diagonal_scatter_fn(const at::Tensor& self, const at::Tensor& src, int64_t offset, int64_t d1, int64_t d2) {
+  at::Tensor out = self.clone();
+  out.diagonal(offset, d1, d2).copy_(src);
+  return out;
+}
+at::Tensor as_strided_scatter_fn(const at::Tensor& self, const at::Tensor& src, c10::IntArrayRef size,
+                                 c10::IntArrayRef stride, std::optional<int64_t> offset) {
+  at::Tensor out = self.clone();
+  out.as_strided(size, stride, offset).copy_(src);
+  return out;
+}
+
+// ---------------------------------------------------------------- factories
+
+at::Tensor& eye_out(int64_t n, int64_t m, at::Tensor& out) {
+  TORCH_CHECK(n >= 0 && m >= 0, "eye: n and m must be greater or equal to 0, got ", n, " and ", m);
+  at::native::resize_output(out, {n, m});
+  OpBuilder op("aten::eye");
+  op.set_device(out.device().index());
+  auto& b = op.b();
+  Value diag = b.compare(b.iota(DType::S64, {n, m}, 0), b.iota(DType::S64, {n, m}, 1), "EQ");
+  finish(op, b.convert(diag, to_ir(out.scalar_type())), out.scalar_type(), &out);
+  return out;
+}
+at::Tensor& eye_n_out(int64_t n, at::Tensor& out) { return eye_out(n, n, out); }
+
+// linspace in f64 (or f32) arithmetic, symmetric from both ends like torch.
+Value linspace_values(OpBuilder& op, const at::Scalar& start, const at::Scalar& end, int64_t steps, DType acc) {
+  auto& b = op.b();
+  at::ScalarType acc_t = to_aten(acc);
+  Value s = b.broadcast_to(op.scalar(start, acc_t), {steps});
+  Value e = b.broadcast_to(op.scalar(end, acc_t), {steps});
+  if (steps == 1) return s;
+  Value i = b.iota(acc, {steps}, 0);
+  Value step = b.binary("divide", b.binary("subtract", e, s), b.constant(acc, static_cast<double>(steps - 1), {steps}));
+  Value from_start = b.binary("add", s, b.binary("multiply", i, step));
+  Value from_end = b.binary("subtract", e, b.binary("multiply", b.binary("subtract", b.constant(acc, static_cast<double>(steps - 1), {steps}), i), step));
+  Value first_half = b.compare(i, b.constant(acc, static_cast<double>(steps / 2), {steps}), "LT");
+  return b.select(first_half, from_start, from_end);
+}
+at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
+  TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
+  at::native::resize_output(out, {steps});
+  if (steps == 0) return out;
+  OpBuilder op("aten::linspace");
+  op.set_device(out.device().index());
+  DType acc = out.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
+  Value v = linspace_values(op, start, end, steps, acc);
+  finish(op, op.b().convert(v, to_ir(out.scalar_type())), out.scalar_type(), &out);
+  return out;
+}
+at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, at::Tensor& out) {
+  TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
+  at::native::resize_output(out, {steps});
+  if (steps == 0) return out;
+  OpBuilder op("aten::logspace");
+  op.set_device(out.device().index());
+  auto& b = op.b();
+  DType acc = out.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
+  Value v = linspace_values(op, start, end, steps, acc);
+  Value r = b.binary("power", b.broadcast_to(op.scalar(base, to_aten(acc)), {steps}), v);
+  finish(op, b.convert(r, to_ir(out.scalar_type())), out.scalar_type(), &out);
+  return out;
+}
+
+// ---------------------------------------------------------------- random distributions
+
+// Fills self with f(u) for uniform u in [0, 1) drawn in f32 (f64 for double).
+at::Tensor& fill_from_uniform(const char* name, at::Tensor& self, std::optional<at::Generator> gen,
+                              const std::function<Value(OpBuilder&, Value)>& transform) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), name, " only supports floating point dtypes, got ", self.scalar_type());
+  OpBuilder op(std::string("aten::") + name);
+  op.set_device(self.device().index());
+  DType acc = self.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
+  auto r = L::uniform(op.b(), op.rng_state(pick_generator(gen, self)), acc, vec(self.sizes()));
+  op.set_rng_state(r[0]);
+  op.write(self, op.b().convert(transform(op, r[1]), to_ir(self.scalar_type())));
+  op.run();
+  return self;
+}
+
+at::Tensor& exponential_fn(at::Tensor& self, double lambd, std::optional<at::Generator> gen) {
+  TORCH_CHECK(lambd > 0.0, "exponential_ expects lambda > 0.0, but found lambda=", lambd);
+  return fill_from_uniform("exponential_", self, gen, [&](OpBuilder& op, Value u) {
+    auto& b = op.b();
+    Value l = b.broadcast_to(op.scalar(lambd, to_aten(b.dtype(u))), b.dims(u));
+    return b.binary("divide", b.unary("negate", b.unary("log_plus_one", b.unary("negate", u))), l);
+  });
+}
+at::Tensor& geometric_fn(at::Tensor& self, double p, std::optional<at::Generator> gen) {
+  TORCH_CHECK(0 < p && p < 1, "geometric_ expects p to be in (0, 1), but got p=", p);
+  auto draw = [&](OpBuilder& op, Value u) {
+    auto& b = op.b();
+    Value lp = b.broadcast_to(op.scalar(std::log1p(-p), to_aten(b.dtype(u))), b.dims(u));
+    return b.unary("ceil", b.binary("divide", b.unary("log_plus_one", b.unary("negate", u)), lp));
+  };
+  if (at::isFloatingType(self.scalar_type())) return fill_from_uniform("geometric_", self, gen, draw);
+  at::Tensor tmp = at::empty(self.sizes(), self.options().dtype(at::kFloat));
+  fill_from_uniform("geometric_", tmp, gen, draw);
+  self.copy_(tmp);
+  return self;
+}
+at::Tensor& log_normal_fn(at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  TORCH_CHECK(std > 0.0, "log_normal_ expects std > 0.0, but found std=", std);
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "log_normal_ only supports floating point dtypes");
+  OpBuilder op("aten::log_normal_");
+  op.set_device(self.device().index());
+  auto& b = op.b();
+  DType acc = self.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
+  auto r = L::normal(b, op.rng_state(pick_generator(gen, self)), acc, vec(self.sizes()));
+  op.set_rng_state(r[0]);
+  Value s = b.broadcast_to(op.scalar(std, to_aten(acc)), vec(self.sizes()));
+  Value m = b.broadcast_to(op.scalar(mean, to_aten(acc)), vec(self.sizes()));
+  op.write(self, b.convert(b.unary("exponential", b.binary("add", b.binary("multiply", r[1], s), m)), to_ir(self.scalar_type())));
+  op.run();
+  return self;
+}
+at::Tensor& cauchy_fn(at::Tensor& self, double median, double sigma, std::optional<at::Generator> gen) {
+  TORCH_CHECK(sigma > 0.0, "cauchy_ expects sigma > 0.0, but found sigma=", sigma);
+  return fill_from_uniform("cauchy_", self, gen, [&](OpBuilder& op, Value u) {
+    auto& b = op.b();
+    at::ScalarType t = to_aten(b.dtype(u));
+    Value angle = b.binary("multiply", b.binary("subtract", u, b.scalar_like(u, 0.5)), b.scalar_like(u, M_PI));
+    return b.binary("add", b.broadcast_to(op.scalar(median, t), b.dims(u)),
+                    b.binary("multiply", b.broadcast_to(op.scalar(sigma, t), b.dims(u)), b.unary("tan", angle)));
+  });
+}
+
+at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
+  TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  at::native::resize_output(out, {n});
+  if (n == 0) return out;
+  OpBuilder op("aten::randperm");
+  op.set_device(out.device().index());
+  auto& b = op.b();
+  // Sorting random keys gives a uniformly random permutation (ties have probability ~n^2/2^64).
+  auto r = L::uniform(b, op.rng_state(pick_generator(gen, out)), DType::F64, {n});
+  op.set_rng_state(r[0]);
+  auto sorted = L::sort_with_indices(b, r[1], 0, false);
+  finish(op, b.convert(sorted[1], to_ir(out.scalar_type())), out.scalar_type(), &out);
+  return out;
+}
+
+at::Tensor multinomial_fn(const at::Tensor& self, int64_t n, bool replacement, std::optional<at::Generator> gen) {
+  TORCH_CHECK(self.dim() == 1 || self.dim() == 2, "prob_dist must be 1 or 2 dim");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "multinomial only supports floating-point dtypes for input, got: ",
+              self.scalar_type());
+  int64_t categories = self.size(-1);
+  TORCH_CHECK(n > 0, "cannot sample n_sample <= 0 samples");
+  TORCH_CHECK(replacement || n <= categories, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  OpBuilder op("aten::multinomial");
+  auto& b = op.b();
+  Value p = b.convert(op.input(self), DType::F32);
+  if (self.dim() == 1) p = b.reshape(p, {1, categories});
+  int64_t rows = b.dims(p)[0];
+  Value bad = L::any_all(b, b.reshape(b.compare(p, b.scalar_like(p, 0), "LT"), {rows * categories}), {}, false, false);
+  op.check_flag(bad, "aten::multinomial: probability tensor contains either `inf`, `nan` or element < 0");
+  Value result;
+  if (replacement) {
+    // Inverse CDF: the number of cumulative weights <= u * total.
+    auto r = L::uniform(b, op.rng_state(pick_generator(gen, self)), DType::F32, {rows, n});
+    op.set_rng_state(r[0]);
+    Value cdf = L::cumulative(b, p, 1, "sum");
+    Value total = b.slice_dim(cdf, 1, categories - 1, categories);
+    Value u = b.binary("multiply", r[1], b.broadcast_to(total, {rows, n}));
+    Value cmp = b.compare(b.broadcast_in_dim(cdf, {rows, n, categories}, {0, 2}),
+                          b.broadcast_in_dim(u, {rows, n, categories}, {0, 1}), "LE");
+    result = L::sum(b, b.convert(cmp, DType::S64), {2}, false, DType::S64);
+    result = b.binary("minimum", result, b.constant_int(DType::S64, categories - 1, {rows, n}));
+  } else {
+    // Gumbel top-k: the n largest log(p) - log(-log(u)) are a sample without replacement.
+    auto r = L::uniform(b, op.rng_state(pick_generator(gen, self)), DType::F32, {rows, categories});
+    op.set_rng_state(r[0]);
+    Value u = b.binary("maximum", r[1], b.scalar_like(r[1], 1e-20));
+    Value gumbel = b.unary("negate", b.unary("log", b.unary("negate", b.unary("log", u))));
+    Value keys = b.binary("add", b.unary("log", p), gumbel);
+    auto sorted = L::sort_with_indices(b, keys, 1, true);
+    result = b.slice_dim(sorted[1], 1, 0, n);
+  }
+  if (self.dim() == 1) result = b.reshape(result, {n});
+  return finish(op, result, at::kLong, nullptr);
+}
+
+// ---------------------------------------------------------------- histc
+
+at::Tensor histc_fn(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
+  TORCH_CHECK(bins > 0, "torch.histc: bins must be > 0, but got ", bins);
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.histc: input tensor must be floating point, got ", self.scalar_type());
+  double lo = min.toDouble(), hi = max.toDouble();
+  TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
+  OpBuilder op("aten::histc");
+  auto& b = op.b();
+  int64_t n = self.numel();
+  Value x = b.convert(b.reshape(op.input(self), {n}), DType::F64);
+  Value vlo, vhi;
+  if (lo == hi && n > 0) {
+    // Range from the data; a constant tensor widens by 1 on each side.
+    vlo = L::amax(b, x, {}, false, false);
+    vhi = L::amax(b, x, {}, false, true);
+    Value same = b.compare(vlo, vhi, "EQ");
+    vlo = b.select(same, b.binary("subtract", vlo, b.scalar_like(vlo, 1)), vlo);
+    vhi = b.select(same, b.binary("add", vhi, b.scalar_like(vhi, 1)), vhi);
+  } else {
+    vlo = b.constant(DType::F64, lo == hi ? lo - 1 : lo);
+    vhi = b.constant(DType::F64, lo == hi ? hi + 1 : hi);
+  }
+  Value lo_b = b.broadcast_to(vlo, {n}), hi_b = b.broadcast_to(vhi, {n});
+  Value inside = b.binary("and", b.compare(x, lo_b, "GE"), b.compare(x, hi_b, "LE"));
+  Value pos = b.unary("floor", b.binary("divide", b.binary("multiply", b.binary("subtract", x, lo_b), b.constant(DType::F64, static_cast<double>(bins), {n})),
+                                        b.binary("subtract", hi_b, lo_b)));
+  Value bin = b.clamp(b.constant_int(DType::S64, 0, {n}), b.convert(pos, DType::S64), b.constant_int(DType::S64, bins - 1, {n}));
+  Value ones = b.convert(inside, DType::F64);
+  Value hist = L::scatter(b, b.constant(DType::F64, 0, {bins}), 0, bin, ones, "add");
+  return finish(op, b.convert(hist, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+}
+
+// ---------------------------------------------------------------- embedding_bag
+
+struct BagInfo {
+  Value offset2bag, bag_size, keep;  // keep: entry is not padding_idx (i1 [L])
+};
+
+BagInfo bag_info(Builder& b, Value indices, Value offsets, int64_t bags, bool include_last_offset, int64_t padding_idx) {
+  int64_t len = b.dims(indices)[0];
+  int64_t starts = b.dims(offsets)[0] - (include_last_offset ? 1 : 0);
+  Value off = b.slice_dim(b.convert(offsets, DType::S64), 0, 0, std::max<int64_t>(starts, 0));
+  // Entry i belongs to the last bag whose start offset <= i.
+  Value pos = b.iota(DType::S64, {len, starts}, 0);
+  Value started = b.compare(b.broadcast_in_dim(off, {len, starts}, {1}), pos, "LE");
+  Value bag = b.binary("subtract", L::sum(b, b.convert(started, DType::S64), {1}, false, DType::S64),
+                       b.constant_int(DType::S64, 1, {len}));
+  bag = b.clamp(b.constant_int(DType::S64, 0, {len}), bag, b.constant_int(DType::S64, std::max<int64_t>(bags - 1, 0), {len}));
+  Value keep = b.compare(indices, b.constant_int(DType::S64, padding_idx, {len}), "NE");
+  if (padding_idx < 0) keep = b.constant_int(DType::Pred, 1, {len});
+  Value counts = L::scatter(b, b.constant_int(DType::S64, 0, {bags}), 0, bag, b.convert(keep, DType::S64), "add");
+  return {bag, counts, keep};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_fn(
+    const at::Tensor& weight, const at::Tensor& indices, const at::Tensor& offsets, bool, int64_t mode, bool sparse,
+    const std::optional<at::Tensor>& per_sample_weights, bool include_last_offset, int64_t padding_idx) {
+  TORCH_CHECK(indices.dim() == 1 && offsets.dim() == 1, "embedding_bag: expected 1-D indices and offsets, got ",
+              indices.sizes(), " and ", offsets.sizes());
+  TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode must be sum (0), mean (1) or max (2), got ", mode);
+  TORCH_CHECK(!sparse, "pjrt: embedding_bag with sparse=True gradients is not supported");
+  bool has_psw = per_sample_weights && per_sample_weights->defined();
+  TORCH_CHECK(!has_psw || mode == 0, "embedding_bag: per_sample_weights is only supported for mode='sum' (got mode=", mode, ")");
+  int64_t bags = offsets.size(0) - (include_last_offset ? 1 : 0);
+  TORCH_CHECK(bags >= 0, "embedding_bag: include_last_offset needs at least one offset");
+  int64_t len = indices.size(0), dim = weight.size(1), rows = weight.size(0);
+  if (padding_idx < 0 && padding_idx != -1) padding_idx += rows;  // torch passes -1 for "none"
+  OpBuilder op("aten::_embedding_bag");
+  auto& b = op.b();
+  Value idx = b.convert(op.input(indices), DType::S64);
+  op.check_flag(L::index_out_of_range(b, idx, rows),
+                "index out of range in aten::_embedding_bag (num_embeddings " + std::to_string(rows) + ")");
+  auto info = bag_info(b, idx, op.input(offsets), bags, include_last_offset, padding_idx);
+  DType dt = to_ir(weight.scalar_type()), acc = L::accumulate_type(dt);
+  Value gathered = b.convert(L::index_select(b, op.input(weight), 0, idx), acc);  // [L, D]
+  Value keep2 = b.broadcast_in_dim(info.keep, {len, dim}, {0});
+  Value bag2 = b.broadcast_in_dim(info.offset2bag, {len, dim}, {0});
+  Value out, max_idx;
+  if (mode == 2) {
+    Value vals = b.select(keep2, gathered, L::lowest(b, acc, {len, dim}));
+    out = L::scatter(b, L::lowest(b, acc, {bags, dim}), 0, bag2, vals, "amax");
+    // The first entry holding each bag's maximum gives max_indices.
+    Value is_max = b.binary("and", keep2, b.compare(vals, L::gather(b, out, 0, bag2), "EQ"));
+    Value pos = b.select(is_max, b.iota(DType::S64, {len, dim}, 0), b.constant_int(DType::S64, len, {len, dim}));
+    Value first = L::scatter(b, b.constant_int(DType::S64, len, {bags, dim}), 0, bag2, pos, "amin");
+    Value idx2 = b.broadcast_in_dim(idx, {len, dim}, {0});
+    Value padded_idx = b.concatenate({idx2, b.constant_int(DType::S64, -1, {1, dim})}, 0);
+    max_idx = L::gather(b, padded_idx, 0, first);
+    Value empty = b.compare(b.broadcast_in_dim(info.bag_size, {bags, dim}, {0}), b.constant_int(DType::S64, 0, {bags, dim}), "EQ");
+    out = b.select(empty, b.constant(acc, 0, {bags, dim}), out);
+    max_idx = b.select(empty, b.constant_int(DType::S64, -1, {bags, dim}), max_idx);
+  } else {
+    Value vals = b.select(keep2, gathered, b.constant(acc, 0, {len, dim}));
+    if (has_psw) vals = b.binary("multiply", vals, b.broadcast_in_dim(b.convert(op.input(*per_sample_weights), acc), {len, dim}, {0}));
+    out = L::scatter(b, b.constant(acc, 0, {bags, dim}), 0, bag2, vals, "add");
+    if (mode == 1) {
+      Value count = b.convert(b.binary("maximum", info.bag_size, b.constant_int(DType::S64, 1, {bags})), acc);
+      out = b.binary("divide", out, b.broadcast_in_dim(count, {bags, dim}, {0}));
+    }
+    max_idx = b.constant_int(DType::S64, 0, {bags});
+  }
+  at::Tensor o = op.output(b.convert(out, dt), weight.scalar_type());
+  at::Tensor o2b = op.output(info.offset2bag, at::kLong);
+  at::Tensor bs = op.output(info.bag_size, at::kLong);
+  at::Tensor mi = op.output(max_idx, at::kLong);
+  op.run();
+  return {o, o2b, bs, mi};
+}
+
+at::Tensor embedding_bag_dense_backward_fn(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor& offset2bag,
+                                           const at::Tensor& bag_size, const at::Tensor& max_indices, int64_t num_weights,
+                                           bool scale_grad_by_freq, int64_t mode,
+                                           const std::optional<at::Tensor>& per_sample_weights, int64_t padding_idx) {
+  OpBuilder op("aten::_embedding_bag_dense_backward");
+  auto& b = op.b();
+  int64_t len = indices.numel(), dim = grad.size(1), bags = grad.size(0);
+  DType dt = to_ir(grad.scalar_type()), acc = L::accumulate_type(dt);
+  Value g = b.convert(op.input(grad), acc);
+  Value idx = b.reshape(b.convert(op.input(indices), DType::S64), {len});
+  Value zeros = b.constant(acc, 0, {num_weights, dim});
+  if (padding_idx < 0 && padding_idx != -1) padding_idx += num_weights;
+  Value r;
+  if (mode == 2) {
+    Value mi = b.convert(op.input(max_indices), DType::S64);
+    Value valid = b.compare(mi, b.constant_int(DType::S64, 0, {bags, dim}), "GE");
+    Value target = b.select(valid, mi, b.constant_int(DType::S64, 0, {bags, dim}));
+    r = L::scatter(b, zeros, 0, target, b.select(valid, g, b.constant(acc, 0, {bags, dim})), "add");
+  } else {
+    Value bag = b.reshape(b.convert(op.input(offset2bag), DType::S64), {len});
+    Value rows = L::index_select(b, g, 0, bag);  // [L, D]
+    if (mode == 1) {
+      Value count = b.convert(b.binary("maximum", b.convert(op.input(bag_size), DType::S64), b.constant_int(DType::S64, 1, {bags})), acc);
+      rows = b.binary("divide", rows, b.broadcast_in_dim(L::index_select(b, count, 0, bag), {len, dim}, {0}));
+    }
+    if (per_sample_weights && per_sample_weights->defined()) {
+      rows = b.binary("multiply", rows, b.broadcast_in_dim(b.convert(op.input(*per_sample_weights), acc), {len, dim}, {0}));
+    }
+    if (scale_grad_by_freq) {
+      Value freq = L::scatter(b, b.constant(acc, 0, {num_weights}), 0, idx, b.constant(acc, 1, {len}), "add");
+      rows = b.binary("divide", rows, b.broadcast_in_dim(L::index_select(b, freq, 0, idx), {len, dim}, {0}));
+    }
+    if (padding_idx >= 0) {
+      Value keep = b.compare(idx, b.constant_int(DType::S64, padding_idx, {len}), "NE");
+      rows = b.select(b.broadcast_in_dim(keep, {len, dim}, {0}), rows, b.constant(acc, 0, {len, dim}));
+    }
+    r = L::scatter(b, zeros, 0, b.broadcast_in_dim(idx, {len, dim}, {0}), rows, "add");
+  }
+  return finish(op, b.convert(r, dt), grad.scalar_type(), nullptr);
+}
+
+at::Tensor embedding_bag_backward_fn(const at::Tensor& grad, const at::Tensor& indices, const at::Tensor&,
+                                     const at::Tensor& offset2bag, const at::Tensor& bag_size,
+                                     const at::Tensor& max_indices, int64_t num_weights, bool scale_grad_by_freq,
+                                     int64_t mode, bool sparse, const std::optional<at::Tensor>& per_sample_weights,
+                                     int64_t padding_idx) {
+  TORCH_CHECK(!sparse, "pjrt: embedding_bag with sparse=True gradients is not supported");
+  return embedding_bag_dense_backward_fn(grad, indices, offset2bag, bag_size, max_indices, num_weights,
+                                         scale_grad_by_freq, mode, per_sample_weights, padding_idx);
+}
+
+at::Tensor embedding_bag_psw_backward_fn(const at::Tensor& grad, const at::Tensor& weight, const at::Tensor& indices,
+                                         const at::Tensor&, const at::Tensor& offset2bag, int64_t mode, int64_t padding_idx) {
+  TORCH_CHECK(mode == 0, "embedding_bag_backward: per_sample_weights only supported for mode='sum'");
+  OpBuilder op("aten::_embedding_bag_per_sample_weights_backward");
+  auto& b = op.b();
+  int64_t len = indices.numel();
+  DType dt = to_ir(grad.scalar_type()), acc = L::accumulate_type(dt);
+  Value idx = b.reshape(b.convert(op.input(indices), DType::S64), {len});
+  Value rows = b.convert(L::index_select(b, op.input(weight), 0, idx), acc);
+  Value g = b.convert(L::index_select(b, op.input(grad), 0, b.reshape(b.convert(op.input(offset2bag), DType::S64), {len})), acc);
+  Value r = L::sum(b, b.binary("multiply", rows, g), {1}, false, acc);
+  if (padding_idx >= 0) {
+    r = b.select(b.compare(idx, b.constant_int(DType::S64, padding_idx, {len}), "NE"), r, b.constant(acc, 0, {len}));
+  }
+  return finish(op, b.convert(r, dt), grad.scalar_type(), nullptr);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("index_add", index_add_fn);
+  m.impl("index_add.out", index_add_out);
+  m.impl("index_add_", index_add_inplace);
+  m.impl("index_copy", index_copy_fn);
+  m.impl("index_copy.out", index_copy_out);
+  m.impl("index_copy_", index_copy_inplace);
+  m.impl("index_fill.int_Scalar", index_fill_s);
+  m.impl("index_fill.int_Tensor", index_fill_t);
+  m.impl("index_fill_.int_Scalar", index_fill_s_inplace);
+  m.impl("index_fill_.int_Tensor", index_fill_t_inplace);
+  m.impl("masked_scatter", masked_scatter_fn);
+  m.impl("masked_scatter_", masked_scatter_inplace);
+  m.impl("take", take_fn);
+  m.impl("put", put_fn);
+  m.impl("put_", put_inplace);
+  m.impl("scatter_reduce.two", scatter_reduce_fn);
+  m.impl("scatter_reduce_.two", scatter_reduce_inplace);
+  m.impl("scatter_reduce.two_out", scatter_reduce_out);
+  m.impl("searchsorted.Tensor", searchsorted_fn);
+  m.impl("searchsorted.Scalar", searchsorted_scalar_fn);
+  m.impl("bucketize.Tensor", bucketize_fn);
+
+  m.impl("nansum", nansum_fn);
+  m.impl("nansum.out", nansum_out);
+  m.impl("std_mean.correction", std_mean_fn);
+  m.impl("var_mean.correction", var_mean_fn);
+  m.impl("aminmax", aminmax_fn);
+  m.impl("count_nonzero.dim_IntList", count_nonzero_fn);
+  m.impl("trace", trace_fn);
+
+  m.impl("addbmm", addbmm_fn);
+  m.impl("addbmm.out", addbmm_out);
+  m.impl("addbmm_", addbmm_inplace);
+  m.impl("addr", addr_fn);
+  m.impl("addr.out", addr_out);
+  m.impl("linalg_cross", linalg_cross_fn);
+  m.impl("stack", stack_fn);
+  m.impl("slice_scatter", slice_scatter_fn);
+  m.impl("select_scatter", select_scatter_fn);
+  m.impl("diagonal_scatter", diagonal_scatter_fn);
+  m.impl("as_strided_scatter", as_strided_scatter_fn);
+
+  m.impl("eye.out", eye_n_out);
+  m.impl("eye.m_out", eye_out);
+  m.impl("linspace.out", linspace_out);
+  m.impl("logspace.out", logspace_out);
+
+  m.impl("exponential_", exponential_fn);
+  m.impl("geometric_", geometric_fn);
+  m.impl("log_normal_", log_normal_fn);
+  m.impl("cauchy_", cauchy_fn);
+  m.impl("randperm.generator_out", randperm_out);
+  m.impl("multinomial", multinomial_fn);
+  m.impl("histc", histc_fn);
+
+  m.impl("_embedding_bag", embedding_bag_fn);
+  m.impl("_embedding_bag_forward_only", embedding_bag_fn);
+  m.impl("_embedding_bag_dense_backward", embedding_bag_dense_backward_fn);
+  m.impl("_embedding_bag_backward", embedding_bag_backward_fn);
+  m.impl("_embedding_bag_per_sample_weights_backward", embedding_bag_psw_backward_fn);
+}
+
+}  // namespace torch_pjrt::device

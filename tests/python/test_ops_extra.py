@@ -1,0 +1,129 @@
+"""Native indexing updates, extra reductions, factories, small linear algebra,
+random distributions and embedding_bag against CPU PyTorch (fallback forbidden)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+from conftest import DEV, assert_close
+from test_nn import check, rnd
+
+
+def ints(*shape: int, high: int, seed: int = 0) -> torch.Tensor:
+    return torch.randint(0, high, shape, generator=torch.Generator().manual_seed(seed))
+
+
+def test_index_updates() -> None:
+    x, src = rnd(5, 4), rnd(3, 4, seed=1)
+    idx = torch.tensor([4, 0, 4])
+    check(lambda x, s: x.index_add(0, idx.to(x.device), s, alpha=2.0), x, src)
+    check(lambda x, s: x.index_add(1, torch.tensor([3, 1], device=x.device), s), x, rnd(5, 2, seed=2))
+    check(lambda x, s: x.index_copy(0, torch.tensor([4, 0, 2], device=x.device), s), x, src)
+    check(lambda x: x.index_fill(1, torch.tensor([0, 2], device=x.device), -1.5), x)
+    mask = rnd(5, 4, seed=3) > 0
+    check(lambda x, s: x.masked_scatter(mask.to(x.device), s), x, rnd(20, seed=4))
+    check(lambda x: torch.take(x, torch.tensor([[0, 19], [7, 3]], device=x.device)), x)
+    check(lambda x, s: x.put(torch.tensor([1, 5, 1], device=x.device), s, accumulate=True), x, rnd(3, seed=5))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce(reduce: str, include_self: bool) -> None:
+    x, src = rnd(4, 5), rnd(4, 3, seed=1)
+    idx = ints(4, 3, high=5, seed=2)
+    check(lambda x, s: x.scatter_reduce(1, idx.to(x.device), s, reduce, include_self=include_self), x, src,
+          grad=reduce in ("sum", "mean"))
+    xi, si = ints(4, 5, high=9), ints(4, 3, high=9, seed=3)
+    check(lambda x, s: x.scatter_reduce(1, idx.to(x.device), s, reduce, include_self=include_self), xi, si, grad=False)
+
+
+def test_searchsorted_bucketize() -> None:
+    seq = torch.tensor([1.0, 2.0, 2.0, 4.0, 7.0])
+    v = torch.tensor([[0.5, 2.0, 3.0], [7.0, 8.0, 2.0]])
+    for right in (False, True):
+        check(lambda s, v: torch.searchsorted(s, v, right=right), seq, v, grad=False)
+        check(lambda v, s: torch.bucketize(v, s, right=right, out_int32=True), v, seq, grad=False)
+    rows = torch.sort(rnd(2, 6), 1).values
+    check(lambda s, v: torch.searchsorted(s, v, side="right"), rows, rnd(2, 3, seed=1), grad=False)
+
+
+def test_reductions() -> None:
+    x = rnd(4, 5)
+    x_nan = x.clone()
+    x_nan[1, 2] = float("nan")
+    check(lambda x: torch.nansum(x, 1), x_nan)
+    check(lambda x: torch.std_mean(x, 1, correction=0), x)
+    check(lambda x: torch.var_mean(x, keepdim=True, dim=0), x)
+    check(lambda x: torch.aminmax(x, dim=1), x, grad=False)
+    check(lambda x: torch.aminmax(x), x, grad=False)
+    check(lambda x: torch.count_nonzero(x.round(), dim=(0,)), x, grad=False)
+    check(torch.trace, x[:4, :4].contiguous())
+    check(lambda x: torch.clamp_min(x, 0.2), x)
+    check(lambda x, y: torch.clamp_max(x, y), x, rnd(4, 5, seed=1))
+    check(lambda x: torch.histc(x, 7, -1.0, 1.0), x, grad=False)
+    check(lambda x: torch.histc(x, 5), x, grad=False)
+
+
+def test_linear_algebra() -> None:
+    check(lambda s, a, b: torch.addbmm(s, a, b, beta=0.5, alpha=2.0), rnd(3, 4), rnd(2, 3, 5, seed=1), rnd(2, 5, 4, seed=2),
+          rtol=1e-4, atol=1e-4)
+    check(lambda s, a, b: torch.addr(s, a, b, alpha=3.0), rnd(3, 4), rnd(3, seed=1), rnd(4, seed=2))
+    check(lambda a, b: torch.linalg.cross(a, b), rnd(4, 3), rnd(4, 3, seed=1))
+    check(lambda a, b: torch.stack([a, b], 1), rnd(2, 3), rnd(2, 3, seed=1))
+    check(lambda a: torch.diag_embed(a), rnd(2, 3))
+
+
+def test_functional_scatters() -> None:
+    x = rnd(4, 6)
+    check(lambda x, s: torch.slice_scatter(x, s, 1, 1, 6, 2), x, rnd(4, 3, seed=1))
+    check(lambda x, s: torch.select_scatter(x, s, 0, 2), x, rnd(6, seed=1))
+    check(lambda x, s: torch.diagonal_scatter(x, s, 1), x, rnd(4, seed=1))
+
+
+def test_factories() -> None:
+    with torch_pjrt.fallback_mode("error"):
+        assert_close(torch.eye(3, 5, device=DEV), torch.eye(3, 5))
+        assert_close(torch.eye(4, device=DEV, dtype=torch.int64), torch.eye(4, dtype=torch.int64))
+        for steps in (1, 2, 7, 50):
+            assert_close(torch.linspace(-2.5, 3.0, steps, device=DEV), torch.linspace(-2.5, 3.0, steps))
+            assert_close(torch.logspace(-1, 2, steps, base=3.0, device=DEV), torch.logspace(-1, 2, steps, base=3.0))
+        assert_close(torch.linspace(0, 10, 6, device=DEV, dtype=torch.int64), torch.linspace(0, 10, 6, dtype=torch.int64))
+
+
+def test_random_distributions() -> None:
+    torch.manual_seed(0)
+    n = 20000
+    with torch_pjrt.fallback_mode("error"):
+        e = torch.empty(n, device=DEV).exponential_(2.0).cpu()
+        g = torch.empty(n, device=DEV).geometric_(0.3).cpu()
+        ln = torch.empty(n, device=DEV).log_normal_(0.5, 0.25).cpu()
+        c = torch.empty(n, device=DEV).cauchy_(1.0, 2.0).cpu()
+        p = torch.randperm(1000, device=DEV).cpu()
+        probs = torch.tensor([0.1, 0.0, 0.6, 0.3], device=DEV)
+        m_rep = torch.multinomial(probs, n, replacement=True).cpu()
+        m_norep = torch.multinomial(probs.repeat(200, 1), 3).cpu()
+    assert e.min() >= 0 and abs(e.mean().item() - 0.5) < 0.02
+    assert g.min() >= 1 and (g == g.round()).all() and abs(g.mean().item() - 1 / 0.3) < 0.1
+    assert abs(ln.log().mean().item() - 0.5) < 0.01 and abs(ln.log().std().item() - 0.25) < 0.01
+    assert abs(c.median().item() - 1.0) < 0.1
+    assert torch.equal(torch.sort(p).values, torch.arange(1000)) and not torch.equal(p, torch.arange(1000))
+    freq = torch.bincount(m_rep, minlength=4).float() / n
+    assert freq[1] == 0 and torch.allclose(freq, torch.tensor([0.1, 0.0, 0.6, 0.3]), atol=0.02)
+    assert (m_norep != 1).all() and all(len(set(r.tolist())) == 3 for r in m_norep)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag(mode: str) -> None:
+    w = rnd(10, 4)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9, 0])
+    offsets = torch.tensor([0, 3, 3, 6])  # one empty bag
+    check(lambda w: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), mode=mode), w)
+    check(lambda w: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), mode=mode, padding_idx=4), w)
+    check(lambda w: F.embedding_bag(idx.view(3, 3).to(w.device), w, mode=mode), w)
+    if mode == "sum":
+        psw = rnd(9, seed=3)
+        check(lambda w, p: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), mode=mode, per_sample_weights=p), w, psw)
+    check(lambda w: F.embedding_bag(idx.to(w.device), w, torch.tensor([0, 3, 3, 6, 9], device=w.device), mode=mode,
+                                    include_last_offset=True), w)
