@@ -63,3 +63,23 @@ def test_gpt_trains_like_cpu(attention, tied):
     with torch.no_grad(), torch_pjrt.fallback_mode("error"):
         out = dev_model(x.to("pjrt")).cpu()
     torch.testing.assert_close(out, cpu_model(x).detach(), rtol=1e-3, atol=1e-3)  # 50 Adam steps of drift
+
+
+def test_module_to_device_keeps_parameter_objects():
+    """Module.to("pjrt") swaps parameter data in place (as for CUDA): tied weights stay
+    tied, and an optimizer built before the move updates the device parameters."""
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=16, dim=8, heads=2, layers=1, seq=4, tied=True)
+    params = list(model.parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model.to("pjrt")
+    assert all(a is b for a, b in zip(params, model.parameters()))
+    assert model.head.weight is model.tok.weight and model.tok.weight.device.type == "pjrt"
+    before = model.tok.weight.detach().cpu().clone()
+    x = torch.randint(0, 16, (2, 4)).to("pjrt")
+    with torch_pjrt.fallback_mode("error"):
+        model(x).sum().backward()
+        opt.step()
+    assert not torch.equal(model.tok.weight.detach().cpu(), before)
+    model.cpu()
+    assert all(a is b for a, b in zip(params, model.parameters())) and params[0].device.type == "cpu"
