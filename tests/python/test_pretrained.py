@@ -71,9 +71,8 @@ def minilm():
 
 def embed(model: torch.nn.Module, batch: dict[str, torch.Tensor], device: str) -> torch.Tensor:
     batch = {k: v.to(device) for k, v in batch.items()}
-    with torch.no_grad():
-        with torch_pjrt.fallback_mode("error" if device != "cpu" else "warn"):
-            hidden = model(**batch).last_hidden_state  # the BERT itself: no CPU fallback
+    with torch.no_grad(), torch_pjrt.fallback_mode("error" if device != "cpu" else "warn"):  # no CPU fallback
+        hidden = model(**batch).last_hidden_state
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         return F.normalize(pooled, p=2, dim=1)
