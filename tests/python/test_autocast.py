@@ -118,3 +118,33 @@ def test_transformer_trains_under_autocast_like_cpu_autocast():
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in dev_model.parameters())
     torch.testing.assert_close(dev, cpu, rtol=1.6e-2, atol=1e-2)  # bf16 tolerance
     assert dev[-1] < dev[0] * 0.8
+
+
+def test_hf_llama_under_autocast_matches_cpu_autocast():
+    """Transformers' Llama turns autocast off around its rotary embedding
+    (torch.autocast(device_type="pjrt", enabled=False)) and upcasts in RMSNorm."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    import transformers
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 128, (2, 16), generator=torch.Generator().manual_seed(1))
+    results = {}
+    for device in ("cpu", "pjrt"):
+        m = copy.deepcopy(model).to(device)
+        with torch_pjrt.fallback_mode("error" if device == "pjrt" else "warn"):
+            with torch.autocast(device, dtype=BF16):
+                out = m(input_ids=ids.to(device), labels=ids.to(device))
+            out.loss.backward()
+        assert out.logits.dtype == BF16
+        grad = m.model.layers[0].self_attn.q_proj.weight.grad
+        assert grad.dtype == torch.float32
+        results[device] = (out.logits.float().cpu(), out.loss.item(), grad.cpu())
+    (ref_logits, ref_loss, ref_grad), (logits, loss, grad) = results["cpu"], results["pjrt"]
+    torch.testing.assert_close(logits, ref_logits, rtol=1.6e-2, atol=1e-2)
+    assert abs(loss - ref_loss) < 1e-2 * abs(ref_loss)
+    torch.testing.assert_close(grad, ref_grad, rtol=5e-2, atol=5e-3)
