@@ -308,6 +308,31 @@ at::Tensor bucketize_fn(const at::Tensor& self, const at::Tensor& boundaries, bo
   return searchsorted_impl(boundaries, self, i32, right, std::nullopt, std::nullopt);
 }
 
+// isin: every element compared with every test element (no host sync, no sort).
+at::Tensor isin_impl(const at::Tensor& elements, const at::Tensor& test, bool invert, const at::Tensor* into) {
+  OpBuilder op("aten::isin");
+  auto& b = op.b();
+  at::ScalarType common = at::promote_types(elements.scalar_type(), test.scalar_type());
+  int64_t n = elements.numel(), m = test.numel();
+  Value e = b.reshape(b.convert(op.input(elements), to_ir(common)), {n});
+  Value t = b.reshape(b.convert(op.input(test), to_ir(common)), {m});
+  Value eq = b.compare(b.broadcast_in_dim(e, {n, m}, {0}), b.broadcast_in_dim(t, {n, m}, {1}), "EQ");
+  Value found = m == 0 ? b.constant_int(DType::Pred, 0, {n}) : L::any_all(b, eq, {1}, false, false);
+  if (invert) found = b.unary("not", found);
+  return finish(op, b.reshape(found, vec(elements.sizes())), at::kBool, into);
+}
+at::Tensor isin_tt(const at::Tensor& e, const at::Tensor& t, bool, bool inv) { return isin_impl(e, t, inv, nullptr); }
+at::Tensor& isin_tt_out(const at::Tensor& e, const at::Tensor& t, bool, bool inv, at::Tensor& out) {
+  isin_impl(e, t, inv, &out);
+  return out;
+}
+at::Tensor isin_ts(const at::Tensor& e, const at::Scalar& t, bool, bool inv) {
+  return isin_impl(e, scalar_tensor_like(t), inv, nullptr);
+}
+at::Tensor isin_st(const at::Scalar& e, const at::Tensor& t, bool, bool inv) {
+  return isin_impl(at::scalar_tensor(e, t.options().device(at::kCPU).dtype(e.type())), t, inv, nullptr);
+}
+
 // ---------------------------------------------------------------- reductions
 
 std::vector<int64_t> reduction_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
@@ -908,6 +933,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("searchsorted.Tensor", searchsorted_fn);
   m.impl("searchsorted.Scalar", searchsorted_scalar_fn);
   m.impl("bucketize.Tensor", bucketize_fn);
+  m.impl("isin.Tensor_Tensor", isin_tt);
+  m.impl("isin.Tensor_Tensor_out", isin_tt_out);
+  m.impl("isin.Tensor_Scalar", isin_ts);
+  m.impl("isin.Scalar_Tensor", isin_st);
 
   m.impl("nansum", nansum_fn);
   m.impl("nansum.out", nansum_out);

@@ -127,3 +127,12 @@ def test_embedding_bag(mode: str) -> None:
         check(lambda w, p: F.embedding_bag(idx.to(w.device), w, offsets.to(w.device), mode=mode, per_sample_weights=p), w, psw)
     check(lambda w: F.embedding_bag(idx.to(w.device), w, torch.tensor([0, 3, 3, 6, 9], device=w.device), mode=mode,
                                     include_last_offset=True), w)
+
+
+def test_isin() -> None:
+    x = torch.tensor([[1, 5, 3], [7, 3, 0]])
+    t = torch.tensor([3, 0, 9])
+    for invert in (False, True):
+        check(lambda x, t: torch.isin(x, t, invert=invert), x, t, grad=False)
+    check(lambda x: torch.isin(x, 3), x, grad=False)
+    check(lambda t: torch.isin(5, t), t, grad=False)
