@@ -93,7 +93,8 @@ Value elu_backward_body(const Pointwise& p, const at::Scalar& alpha, const at::S
   Value neg = is_result ? p.bin("multiply", p.bin("multiply", g, p.scalar(input_scale)), p.bin("add", x, negcoef))
                         : p.bin("multiply", p.bin("multiply", g, p.bin("multiply", p.scalar(input_scale), negcoef)),
                                 p.b.unary("exponential", p.bin("multiply", x, p.scalar(input_scale))));
-  return p.sel(p.cmp(x, p.c(0), "LE"), neg, p.bin("multiply", g, p.scalar(scale)));
+  Value r = p.sel(p.cmp(x, p.c(0), "LE"), neg, p.bin("multiply", g, p.scalar(scale)));
+  return p.sel(p.cmp(x, x, "NE"), x, r);  // NaN inputs give NaN gradients, as on CPU
 }
 at::Tensor elu_backward_fn(const at::Tensor& grad, const at::Scalar& alpha, const at::Scalar& scale,
                            const at::Scalar& input_scale, bool is_result, const at::Tensor& self_or_result) {
@@ -131,7 +132,8 @@ ACTIVATION_BACKWARD(softplus_backward, const at::Scalar& beta COMMA const at::Sc
 })
 
 ACTIVATION(hardtanh, const at::Scalar& lo COMMA const at::Scalar& hi, lo COMMA hi, {
-  return p.b.clamp(p.scalar(lo), p.in[0], p.scalar(hi));
+  Value l = p.scalar(lo), h = p.scalar(hi);
+  return L::clamp(p.b, p.in[0], &l, &h, p.b.dtype(p.in[0]));  // NaN-propagating, unlike stablehlo.clamp
 })
 ACTIVATION_BACKWARD(hardtanh_backward, const at::Scalar& lo COMMA const at::Scalar& hi, lo COMMA hi, {
   Value g = p.in[0], x = p.in[1];

@@ -283,7 +283,10 @@ at::Tensor logit_impl(const at::Tensor& self, std::optional<double> eps, const a
   at::ScalarType out = float_result(self.scalar_type());
   auto& b = op.b();
   Value x = b.convert(op.input(self), to_ir(out));
-  if (eps) x = b.clamp(b.scalar_like(x, *eps), x, b.scalar_like(x, 1.0 - *eps));
+  if (eps) {
+    Value lo = b.scalar_like(x, *eps), hi = b.scalar_like(x, 1.0 - *eps);
+    x = L::clamp(b, x, &lo, &hi, b.dtype(x));
+  }
   Value r = b.unary("log", b.binary("divide", x, b.binary("subtract", b.scalar_like(x, 1), x)));
   return finish(op, r, out, into);
 }
@@ -826,7 +829,11 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   OpBuilder op(log ? "aten::_log_softmax" : "aten::_softmax");
   at::ScalarType out = half_to_float ? at::kFloat : self.scalar_type();
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  Value r = L::softmax(op.b(), op.input(self), d, log, to_ir(out));
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});  // a 0-d tensor is one row of one element
+  Value r = L::softmax(b, x, d, log, to_ir(out));
+  if (self.dim() == 0) r = b.reshape(r, {});
   return finish(op, r, out, into);
 }
 at::Tensor softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, h, false, nullptr); }
@@ -842,7 +849,14 @@ at::Tensor& log_softmax_out(const at::Tensor& s, int64_t d, bool h, at::Tensor& 
 at::Tensor softmax_bw(const at::Tensor& grad, const at::Tensor& out, int64_t dim, at::ScalarType in_dtype, bool log) {
   OpBuilder op(log ? "aten::_log_softmax_backward_data" : "aten::_softmax_backward_data");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(out.dim(), 1));
-  Value r = L::softmax_backward(op.b(), op.input(grad), op.input(out), d, log, to_ir(in_dtype));
+  auto& b = op.b();
+  Value g = op.input(grad), y = op.input(out);
+  if (out.dim() == 0) {
+    g = b.reshape(g, {1});
+    y = b.reshape(y, {1});
+  }
+  Value r = L::softmax_backward(b, g, y, d, log, to_ir(in_dtype));
+  if (out.dim() == 0) r = b.reshape(r, {});
   return finish(op, r, in_dtype, nullptr);
 }
 at::Tensor softmax_backward_fn(const at::Tensor& g, const at::Tensor& o, int64_t d, at::ScalarType t) {

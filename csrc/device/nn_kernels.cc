@@ -108,6 +108,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
   at::Tensor gi, gw, gb;
   if (mask[0]) {
     Value v = transposed ? L::conv_forward(b, g, w, p) : L::conv_input_grad(b, g, w, p, spatial(input, n));
+    if (transposed) {
+      // output_padding >= stride (allowed when < dilation) gives the forward conv extra rows: drop them.
+      std::vector<int64_t> limit = vec(input.sizes());
+      if (b.dims(v) != limit) v = b.slice(v, std::vector<int64_t>(limit.size(), 0), limit, std::vector<int64_t>(limit.size(), 1));
+    }
     gi = op.output(v, input.scalar_type());
   }
   if (mask[1]) {
@@ -855,7 +860,7 @@ at::Tensor robust_loss_backward_fn(const char* name, const at::Tensor& grad, con
   Value neg_p = b.scalar_like(x, -param);
   // d/dx: x/beta (smooth L1) or x (huber) inside the band, else sign(x) (times delta for huber).
   Value inside = huber ? x : (param > 0 ? b.binary("divide", x, p) : b.scalar_like(x, 0));
-  Value outside = huber ? b.clamp(neg_p, x, p) : b.unary("sign", x);
+  Value outside = huber ? L::clamp(b, x, &neg_p, &p, b.dtype(x)) : b.unary("sign", x);
   Value d = b.select(b.compare(b.unary("abs", x), p, "LT"), inside, outside);
   Value g = L::loss_grad_scale(b, b.convert(op.input(grad), dt), b.dims(x), reduction);
   return finish(op, b.binary("multiply", d, g), self.scalar_type(), nullptr);

@@ -147,7 +147,7 @@ Builder::Window pool_window(const std::vector<int64_t>& xd, const PoolParams& p)
 Value avg_divisor(Builder& b, const std::vector<int64_t>& out_dims, const std::vector<int64_t>& in, const PoolParams& p,
                   bool count_include_pad, int64_t divisor_override, DType dtype) {
   size_t n = in.size();
-  if (divisor_override > 0) return b.constant(dtype, static_cast<double>(divisor_override), out_dims);
+  if (divisor_override != 0) return b.constant(dtype, static_cast<double>(divisor_override), out_dims);
   auto out = tail(out_dims, n);
   std::vector<std::vector<double>> per_dim(n);
   for (size_t i = 0; i < n; ++i) {
@@ -347,7 +347,9 @@ std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, 
   }
   std::vector<double> m(out * in, 0.0);
   for (int64_t o = 0; o < out; ++o) {
-    float src = align_corners ? s * static_cast<float>(o) : std::max(s * (static_cast<float>(o) + 0.5f) - 0.5f, 0.0f);
+    // torch's CPU kernel evaluates scale * (o + 0.5) - 0.5 as one fused multiply-add in float.
+    float src = align_corners ? s * static_cast<float>(o)
+                              : std::max(static_cast<float>(static_cast<double>(s) * (o + 0.5) - 0.5), 0.0f);
     int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
     float l1 = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
     int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);

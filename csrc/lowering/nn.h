@@ -33,6 +33,7 @@ std::vector<int64_t> pool_output_size(const std::vector<int64_t>& in_spatial, co
 std::vector<Value> max_pool(Builder& b, Value x, const PoolParams& p);
 Value max_pool_backward(Builder& b, Value grad, Value indices, const std::vector<int64_t>& input_dims,
                         int64_t spatial_dims);
+// divisor_override 0 means none (torch rejects 0 itself).
 Value avg_pool(Builder& b, Value x, const PoolParams& p, bool count_include_pad, int64_t divisor_override);
 Value avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims, const PoolParams& p,
                         bool count_include_pad, int64_t divisor_override);

@@ -135,7 +135,7 @@ const std::map<std::string, UnaryFn>& unary_table() {
     };
     t["hardsigmoid"] = [](Builder& b, Value x) {
       Value y = b.binary("divide", b.binary("add", x, b.scalar_like(x, 3)), b.scalar_like(x, 6));
-      return b.clamp(b.scalar_like(x, 0), y, b.scalar_like(x, 1));
+      return b.binary("minimum", b.binary("maximum", y, b.scalar_like(x, 0)), b.scalar_like(x, 1));  // NaN stays NaN
     };
     t["hardswish"] = [](Builder& b, Value x) {
       return b.binary("multiply", x, unary_table().at("hardsigmoid")(b, x));
@@ -368,18 +368,9 @@ bool has_unary(const std::string& name) { return unary_table().count(name) > 0; 
 bool has_binary(const std::string& name) { return binary_table().count(name) > 0; }
 
 Value erf(Builder& b, Value x) {
-  // Rational approximation on [-4, 4] (accurate to f32 rounding), in f32.
+  // XLA's CHLO erf (its f32 rational approximation; NaN and infinities handled), in f32 for f16/bf16.
   DType d = b.dtype(x);
-  Value xf = b.convert(x, d == DType::F64 ? DType::F64 : DType::F32);
-  Value c = b.clamp(b.scalar_like(xf, -4), xf, b.scalar_like(xf, 4));
-  Value x2 = b.binary("multiply", c, c);
-  Value p = b.binary("multiply", c,
-                     poly(b, x2, {-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
-                                  -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
-                                  -1.60960333262415e-02}));
-  Value q = poly(b, x2, {-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
-                         -7.37332916720468e-03, -1.42647390514189e-02});
-  return b.convert(b.binary("divide", p, q), d);
+  return b.convert(b.unary("chlo.erf", b.convert(x, acc_type(d))), d);
 }
 
 Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out) {
@@ -826,8 +817,9 @@ std::vector<Value> layer_norm_backward(Builder& b, Value grad, Value x, Value me
   Value dx = b.binary("multiply", b.binary("divide", r, b.scalar_like(r, n)),
                       b.binary("subtract", b.binary("subtract", b.binary("multiply", gw, b.scalar_like(gw, n)), s1),
                                b.binary("multiply", xhat, s2)));
-  Value dw = sum(b, b.binary("multiply", g, xhat), batch_dims, false, acc);
-  Value db = sum(b, g, batch_dims, false, acc);
+  // No batch dims (everything normalized): the parameter gradients are elementwise.
+  Value dw = batch_dims.empty() ? b.binary("multiply", g, xhat) : sum(b, b.binary("multiply", g, xhat), batch_dims, false, acc);
+  Value db = batch_dims.empty() ? g : sum(b, g, batch_dims, false, acc);
   return {b.convert(dx, d), b.convert(dw, d), b.convert(db, d)};
 }
 
