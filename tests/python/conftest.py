@@ -7,17 +7,13 @@ import pytest
 import torch
 
 import torch_pjrt  # noqa: F401  (registers the device)
+from torch_pjrt.tools.conformance.settings import TOLERANCES
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 
 DEV = torch.device("pjrt", 0)
-# Tolerances per dtype, stated once.
-TOL = {
-    torch.float32: dict(rtol=1.3e-5, atol=1e-5),
-    torch.float64: dict(rtol=1e-7, atol=1e-7),
-    torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2),
-    torch.float16: dict(rtol=1e-3, atol=1e-3),
-}
+# Tolerances per dtype, stated once (shared with the OpInfo conformance harness).
+TOL = {dtype: dict(rtol=t.rtol, atol=t.atol) for dtype, t in TOLERANCES.items()}
 
 
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, **kw: float) -> None:

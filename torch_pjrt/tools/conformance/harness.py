@@ -15,7 +15,7 @@ from typing import Any
 
 from . import opsel, settings
 from .records import PHASES, OpInfoMeta, OpRun, SampleResult
-from .summary import OpSummary, summarize
+from .summary import OpSummary, dispatcher_native_ops, summarize
 from .supervisor import Options, Progress, Supervisor
 
 
@@ -102,28 +102,27 @@ def run(
         runs = _in_process(keys, options, progress)
         m1 = torch_pjrt.metrics()
         metrics = {k: m1[k] - m0[k] for k in ("compiles", "compile_seconds", "disk_cache_hits", "memory_cache_hits")}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            plat = torch_pjrt.platform()
+        snapshots = [dispatcher_native_ops()]
     else:
         sup = Supervisor(options, jobs=jobs, progress=progress)
         runs = sup.run(keys)
         metrics = dict(sup.metrics)
+        plat, snapshots = sup.platform, sup.native_snapshots
     summaries = [summarize(runs[k]) for k in keys if k in runs]
     wall = time.monotonic() - t0
 
     import torch
-
-    import torch_pjrt
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        plat = torch_pjrt.platform()
     cache = os.environ.get("TORCH_PJRT_CACHE_DIR")
     info = {
         "command": command or "python -m torch_pjrt.tools.conformance " + " ".join(sys.argv[1:]),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "torch": torch.__version__,
         "commit": _git_commit(repo_root()),
-        "platform": f"{plat['platform']} (platform version {plat['platform_version']}, PJRT C API "
-                    f"{plat['pjrt_c_api']}, {', '.join(map(str, plat['attributes']))})",
+        "platform": f"{plat.get('platform')} (platform version {plat.get('platform_version')}, PJRT C API "
+                    f"{plat.get('pjrt_c_api')}, {', '.join(map(str, plat.get('attributes', [])))})",
         "machine": f"{os.cpu_count()} CPU cores ({_platform.machine()})",
         "ops_patterns": list(patterns or []),
         "dtypes": dtype_names,
@@ -135,6 +134,9 @@ def run(
         "workers": 0 if in_process else jobs,
         "wall_seconds": round(wall, 1),
         "metrics": {k: round(v, 2) for k, v in metrics.items()},
+        "native": snapshots[-1] if snapshots else dispatcher_native_ops(),
+        "extension_changed_during_run": len(snapshots) > 1,
+        "native_counts_seen": [(n["distinct_aten_operators"], n["aten_registrations"]) for n in snapshots],
         "cache": ("disk tier off" if cache is not None and cache.strip().lower() in ("", "0", "off", "none", "false")
                   else f"disk tier at {cache or '~/.cache/torch_pjrt'}") +
                  f" ({int(metrics.get('disk_cache_hits', 0))} disk hits)",

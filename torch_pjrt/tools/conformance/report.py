@@ -30,7 +30,7 @@ def _pct(d: dict[str, Any]) -> str:
 def build(summaries: list[OpSummary], run_info: dict[str, Any]) -> dict[str, Any]:
     """The whole report as one JSON-able dict."""
     native = [s for s in summaries if s.status == NATIVE]
-    dispatcher = dispatcher_native_ops()
+    dispatcher = run_info.get("native") or dispatcher_native_ops()
     headline = {
         "native_aten_registrations": dispatcher["aten_registrations"],
         "distinct_native_aten_operators": dispatcher["distinct_aten_operators"],
@@ -98,6 +98,10 @@ def markdown(report: dict[str, Any], summaries: list[OpSummary]) -> str:
     w(f"- Whole run: **{run['wall_seconds'] / 60:.1f} min** wall time on {run['machine']}, "
       f"{run['workers']} worker process(es); {int(run['metrics'].get('compiles', 0))} XLA compiles "
       f"({run['metrics'].get('compile_seconds', 0):.0f} s), compile cache: {run['cache']}.")
+    if run.get("extension_changed_during_run"):
+        w(f"- **Warning: the extension was rebuilt during the run** (workers saw (distinct, registrations) = "
+          f"{run['native_counts_seen']}); the counts above are the last worker's, and earlier ops ran with fewer "
+          "kernels. Rerun for a consistent report.")
     w("")
     w("## How it was run")
     w("")
@@ -148,12 +152,17 @@ def markdown(report: dict[str, Any], summaries: list[OpSummary]) -> str:
         w("")
         w("## Crashes and timeouts")
         w("")
-        w("Reproduce one with `python -m torch_pjrt.tools.conformance --in-process --ops OP --dtypes DTYPE`.")
+        w("Each names the sample that was running. Reproduce with the command given (in-process, so a crash "
+          "ends it); the worker's log tail (faulthandler stacks, abort messages) is in the JSON (`aborts`).")
         w("")
         for s in crashed:
             for a in s.aborts:
-                tail = _escape(_truncate(" ".join(a["log_tail"].split()[-40:]), 300))
-                w(f"- `{s.op}` {a['kind']}: {a['detail']} in {a['dtype']} {a['phase']} #{a['index']}. Log tail: {tail}")
+                first = next((ln for ln in a["log_tail"].splitlines() if "Fatal Python error" in ln or "terminate" in ln
+                              or "Check failed" in ln or "Abort" in ln), "")
+                w(f"- `{s.op}` {a['kind']}: {a['detail']} in {a['dtype']} {a['phase']} sample #{a['index']}"
+                  + (f" ({_escape(first.strip())})" if first else "")
+                  + f". Repro: `python -m torch_pjrt.tools.conformance --in-process --ops '{s.op}' "
+                  f"--dtypes {a['dtype'] or 'float32'}`")
     fb = Counter(op for s in summaries for op in s.fallback_ops)
     if fb:
         w("")
@@ -176,6 +185,9 @@ def markdown(report: dict[str, Any], summaries: list[OpSummary]) -> str:
             f = s.first_failure
             where = f"[{SHORT_DTYPE.get(f['dtype'], f['dtype'])} {f['phase']} #{f['index']}] " if f["phase"] else ""
             ff = where + f["message"]
+            torch_note = next((n for n in s.notes if n.startswith("torch skips")), "")
+            if torch_note:
+                ff = f"({torch_note}) {ff}"
         elif s.status == "not run":
             ff = "; ".join(s.notes) or (f"claims none of the dtypes (claims: {', '.join(s.dtypes_claimed) or 'none'})"
                                         if not s.dtypes_run else "no sample inputs")

@@ -197,9 +197,8 @@ def summarize(run: OpRun) -> OpSummary:
 
 # -- failure causes ---------------------------------------------------------------------------
 
+_VALUES = re.compile(r"\[(\w+)\]: Tensor-likes are not (close|equal)")
 _CAUSE_RULES: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"Tensor-likes are not close"), "values differ from the CPU beyond tolerance"),
-    (re.compile(r"Tensor-likes are not equal"), "values differ from the CPU (exact dtypes)"),
     (re.compile(r"Scalars are not (close|equal)"), "scalar results differ from the CPU"),
     (re.compile(r"structure differs"), "result structure differs from the CPU"),
     (re.compile(r"requires grad on the CPU but not on pjrt"), "output does not require grad on pjrt"),
@@ -208,6 +207,13 @@ _CAUSE_RULES: list[tuple[re.Pattern[str], str]] = [
 
 def normalize_cause(message: str) -> str:
     """A failure message with the specifics (op names, numbers, shapes, positions) taken out."""
+    values = _VALUES.search(message)
+    if values:
+        if re.search(r"Greatest absolute difference: nan", message):
+            return f"NaN where the CPU has a number, or the reverse ({values.group(1)})"
+        if values.group(2) == "equal":
+            return f"values differ from the CPU ({values.group(1)}, compared exactly)"
+        return f"values differ from the CPU beyond tolerance ({values.group(1)})"
     for pattern, cause in _CAUSE_RULES:
         if pattern.search(message):
             return cause

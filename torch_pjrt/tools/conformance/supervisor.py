@@ -55,15 +55,18 @@ def _exit_detail(code: int | None) -> str:
     return f"exited with code {code}"
 
 
-def _tail(path: str, limit: int = 1500) -> str:
+def _tail(path: str, limit: int = 2500) -> str:
+    """The end of a worker's log (an abort's message, faulthandler's stacks), without the noise."""
     try:
         with open(path, "rb") as f:
             f.seek(0, os.SEEK_END)
             size = f.tell()
-            f.seek(max(0, size - limit))
-            return f.read().decode("utf-8", "replace")
+            f.seek(max(0, size - 4 * limit))
+            text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("Extension modules:")]
+    return "\n".join(lines)[-limit:]
 
 
 class Worker:
@@ -178,6 +181,10 @@ class Supervisor:
         self.runs: dict[str, OpRun] = {}
         self.metrics: dict[str, float] = collections.defaultdict(float)
         self.log_dir = tempfile.mkdtemp(prefix="torch_pjrt_conformance_")
+        # The workers' dispatcher registrations (summary.dispatcher_native_ops), one entry per
+        # distinct set seen: more than one means the extension changed during the run.
+        self.native_snapshots: list[dict[str, Any]] = []
+        self.platform: dict[str, Any] = {}
 
     def _run_of(self, op: str) -> OpRun:
         if op not in self.runs:
@@ -219,8 +226,10 @@ class Supervisor:
                                     raise RuntimeError(
                                         f"conformance worker failed to start ({_exit_detail(code)}):\n{_tail(w.log_path)}")
                             elif w.job is not None:
-                                finished += self._abort(w, "crashed", _exit_detail(code), queue)
-                                self._report(w, finished, total, op=self._last_op)
+                                done = self._abort(w, "crashed", _exit_detail(code), queue)
+                                finished += done
+                                if done:  # else it resumes with its later dtypes and reports when done
+                                    self._report(w, finished, total, op=self._last_op)
                             w.start()
                     elif time.monotonic() >= w.deadline:
                         if w.job is not None:
@@ -247,6 +256,10 @@ class Supervisor:
         if kind == "ready":
             w.ready = True
             w.deadline = float("inf")
+            native = msg.get("native")
+            if native and (not self.native_snapshots or self.native_snapshots[-1] != native):
+                self.native_snapshots.append(native)
+            self.platform = msg.get("platform", self.platform)
         elif kind == "begin":
             w.last_begin = msg
         elif kind == "result":

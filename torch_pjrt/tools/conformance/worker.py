@@ -20,6 +20,7 @@ import faulthandler
 import json
 import os
 import sys
+import time
 import warnings
 from typing import Any, TextIO
 
@@ -47,11 +48,25 @@ def serve(jobs: TextIO, out: TextIO) -> None:
     torch_pjrt.set_eager_mode("strict")
     ops = opsel.ops_by_key()
 
+    # For the harness's own tests: "op:dtype" pairs at which to abort, or to hang.
+    crash_at = set(filter(None, os.environ.get("TORCH_PJRT_CONFORMANCE_CRASH_AT", "").split(",")))
+    hang_at = set(filter(None, os.environ.get("TORCH_PJRT_CONFORMANCE_HANG_AT", "").split(",")))
+
     def emit(kind: str, payload: dict[str, Any]) -> None:
         out.write(json.dumps({"type": kind, **payload}) + "\n")
         out.flush()
+        if kind == "begin":
+            where = f"{payload['op']}:{payload['dtype']}"
+            if where in crash_at:
+                os.abort()
+            if where in hang_at:
+                time.sleep(1e6)
 
-    emit("ready", {"pid": os.getpid()})
+    from .summary import dispatcher_native_ops
+
+    # What this process runs against: the report's kernel counts come from the workers
+    # (the extension can be rebuilt while a long run goes on).
+    emit("ready", {"pid": os.getpid(), "native": dispatcher_native_ops(), "platform": torch_pjrt.platform()})
     for line in jobs:
         line = line.strip()
         if not line:
