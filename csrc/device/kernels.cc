@@ -790,7 +790,6 @@ at::Tensor vector_norm_impl(const at::Tensor& self, const at::Scalar& ord, at::O
               self.scalar_type());
   at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type());
   double p = ord.toDouble();
-  TORCH_CHECK(p >= 0 || std::isinf(p), "pjrt: linalg.vector_norm with negative ord ", p, " is not supported");
   OpBuilder op("aten::linalg_vector_norm");
   Value r = L::vector_norm(op.b(), op.input(self), p, reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
   return finish(op, r, out, into);
@@ -803,6 +802,29 @@ at::Tensor& vector_norm_out(const at::Tensor& s, const at::Scalar& o, at::Option
                             std::optional<at::ScalarType> t, at::Tensor& out) {
   vector_norm_impl(s, o, d, k, t, &out);
   return out;
+}
+
+// Legacy torch.norm overloads: vector norms over dims (all when empty), p defaulting to 2.
+at::Tensor norm_dims(const at::Tensor& s, const std::optional<at::Scalar>& p, c10::IntArrayRef d, bool k) {
+  return vector_norm_impl(s, p.value_or(2.0), d, k, std::nullopt, nullptr);
+}
+at::Tensor norm_dims_dtype(const at::Tensor& s, const std::optional<at::Scalar>& p, c10::IntArrayRef d, bool k,
+                           at::ScalarType t) {
+  return vector_norm_impl(s, p.value_or(2.0), d, k, t, nullptr);
+}
+at::Tensor& norm_dims_out(const at::Tensor& s, const std::optional<at::Scalar>& p, c10::IntArrayRef d, bool k,
+                          at::Tensor& out) {
+  vector_norm_impl(s, p.value_or(2.0), d, k, std::nullopt, &out);
+  return out;
+}
+at::Tensor& norm_dims_dtype_out(const at::Tensor& s, const std::optional<at::Scalar>& p, c10::IntArrayRef d, bool k,
+                                at::ScalarType t, at::Tensor& out) {
+  vector_norm_impl(s, p.value_or(2.0), d, k, t, &out);
+  return out;
+}
+at::Tensor norm_all(const at::Tensor& s, const at::Scalar& p) { return vector_norm_impl(s, p, {}, false, std::nullopt, nullptr); }
+at::Tensor norm_all_dtype(const at::Tensor& s, const std::optional<at::Scalar>& p, at::ScalarType t) {
+  return vector_norm_impl(s, p.value_or(2.0), {}, false, t, nullptr);
 }
 
 at::Tensor logsumexp_fn(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim) {
@@ -1589,6 +1611,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_UNARY_NO_INPLACE(logit)
 #undef REG_UNARY_NO_INPLACE
   m.impl("nan_to_num_", nan_to_num_inplace);
+  m.impl("norm.ScalarOpt_dim", norm_dims);
+  m.impl("norm.ScalarOpt_dim_dtype", norm_dims_dtype);
+  m.impl("norm.out", norm_dims_out);
+  m.impl("norm.dtype_out", norm_dims_dtype_out);
+  m.impl("norm.Scalar", norm_all);
+  m.impl("norm.ScalarOpt_dtype", norm_all_dtype);
 #define REG_ONE_SIDED_CLAMP(NAME)                   \
   m.impl(#NAME, NAME##_s);                          \
   m.impl(#NAME ".Tensor", NAME##_t);                \

@@ -259,6 +259,168 @@ at::Tensor adaptive_avg_pool_backward_fn(const at::Tensor& grad, const at::Tenso
   return finish(op, r, self.scalar_type(), nullptr);
 }
 
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool_fn(size_t n, const char* name, const at::Tensor& self,
+                                                        c10::IntArrayRef output_size) {
+  TORCH_CHECK(output_size.size() == n, name, ": output_size must be ", n);
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
+              ": expected ", n + 1, "D or ", n + 2, "D tensor, got ", self.sizes());
+  for (int64_t i = 1; i < self.dim(); ++i) {
+    TORCH_CHECK(self.size(i) > 0, name, ": expected input to have non-zero size for non-batch dimensions, but input has sizes ",
+                self.sizes());
+  }
+  OpBuilder op(std::string("aten::") + name);
+  auto r = L::adaptive_max_pool(op.b(), op.input(self), vec(output_size));
+  at::Tensor v = op.output(r[0], self.scalar_type());
+  at::Tensor i = op.output(r[1], at::kLong);
+  op.run();
+  return {v, i};
+}
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool2d_fn(const at::Tensor& s, c10::IntArrayRef o) {
+  return adaptive_max_pool_fn(2, "adaptive_max_pool2d", s, o);
+}
+std::tuple<at::Tensor, at::Tensor> adaptive_max_pool3d_fn(const at::Tensor& s, c10::IntArrayRef o) {
+  return adaptive_max_pool_fn(3, "adaptive_max_pool3d", s, o);
+}
+at::Tensor adaptive_max_pool2d_backward_fn(const at::Tensor& g, const at::Tensor& s, const at::Tensor& i) {
+  return max_pool_backward_fn(2, "adaptive_max_pool2d_backward", g, s, i);
+}
+at::Tensor adaptive_max_pool3d_backward_fn(const at::Tensor& g, const at::Tensor& s, const at::Tensor& i) {
+  return max_pool_backward_fn(3, "adaptive_max_pool3d_backward", g, s, i);
+}
+
+// max_unpool: values written at their recorded flat positions in a zero plane.
+at::Tensor max_unpool_fn(const char* name, const at::Tensor& self, const at::Tensor& indices,
+                         c10::IntArrayRef output_size) {
+  size_t n = output_size.size();
+  TORCH_CHECK(self.sizes().equals(indices.sizes()), name, ": Expected shape of indices to be same as that of the input tensor (",
+              self.sizes(), ") but got indices tensor with shape: ", indices.sizes());
+  TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
+              ": expected ", n + 1, "D or ", n + 2, "D input, got ", self.sizes());
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  int64_t lead = self.dim() - static_cast<int64_t>(n), planes = 1, in_flat = 1, out_flat = 1;
+  for (int64_t i = 0; i < lead; ++i) planes *= self.size(i);
+  for (size_t i = 0; i < n; ++i) {
+    in_flat *= self.size(lead + i);
+    out_flat *= output_size[i];
+  }
+  Value idx = b.reshape(op.input(indices), {planes, in_flat});
+  op.check_flag(L::index_out_of_range(b, idx, out_flat),
+                std::string("aten::") + name + ": found an invalid max index (output plane size " + std::to_string(out_flat) + ")");
+  Value zeros = b.constant(to_ir(self.scalar_type()), 0, {planes, out_flat});
+  Value r = L::scatter(b, zeros, 1, idx, b.reshape(op.input(self), {planes, in_flat}), "");
+  std::vector<int64_t> shape(self.sizes().begin(), self.sizes().begin() + lead);
+  shape.insert(shape.end(), output_size.begin(), output_size.end());
+  return finish(op, b.reshape(r, shape), self.scalar_type(), nullptr);
+}
+at::Tensor max_unpool2d_fn(const at::Tensor& s, const at::Tensor& i, c10::IntArrayRef o) {
+  return max_unpool_fn("max_unpool2d", s, i, o);
+}
+at::Tensor max_unpool3d_fn(const at::Tensor& s, const at::Tensor& i, c10::IntArrayRef o, c10::IntArrayRef,
+                           c10::IntArrayRef) {
+  return max_unpool_fn("max_unpool3d", s, i, o);
+}
+
+// ---------------------------------------------------------------- im2col / col2im, pixel shuffles
+
+L::Im2ColParams im2col_params(c10::IntArrayRef k, c10::IntArrayRef d, c10::IntArrayRef p, c10::IntArrayRef s) {
+  L::Im2ColParams r{expand_param(k, 2, "im2col", "kernel_size"), expand_param(d, 2, "im2col", "dilation"),
+                    expand_param(p, 2, "im2col", "padding"), expand_param(s, 2, "im2col", "stride")};
+  for (size_t i = 0; i < 2; ++i) {
+    TORCH_CHECK(r.kernel[i] > 0 && r.dilation[i] > 0 && r.stride[i] > 0 && r.padding[i] >= 0,
+                "im2col/col2im: kernel size, dilation and stride should be greater than zero, padding non-negative");
+  }
+  return r;
+}
+
+at::Tensor im2col_fn(const at::Tensor& self, c10::IntArrayRef k, c10::IntArrayRef d, c10::IntArrayRef p,
+                     c10::IntArrayRef s) {
+  TORCH_CHECK(self.dim() == 3 || self.dim() == 4, "im2col: expected 3D or 4D input, got ", self.sizes());
+  auto params = im2col_params(k, d, p, s);
+  auto blocks = L::im2col_blocks(spatial(self, 2), params);
+  TORCH_CHECK(blocks[0] > 0 && blocks[1] > 0, "im2col: given input with spatial size ", spatial(self, 2),
+              ", the calculated shape of the array of sliding blocks is ", c10::IntArrayRef(blocks), ", which is too small");
+  OpBuilder op("aten::im2col");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 3) x = b.reshape(x, {1, self.size(0), self.size(1), self.size(2)});
+  Value r = L::im2col(b, x, params);
+  if (self.dim() == 3) r = b.reshape(r, {b.dims(r)[1], b.dims(r)[2]});
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+at::Tensor col2im_fn(const at::Tensor& self, c10::IntArrayRef output_size, c10::IntArrayRef k, c10::IntArrayRef d,
+                     c10::IntArrayRef p, c10::IntArrayRef s) {
+  TORCH_CHECK(self.dim() == 2 || self.dim() == 3, "col2im: expected 2D or 3D input, got ", self.sizes());
+  auto params = im2col_params(k, d, p, s);
+  auto out = expand_param(output_size, 2, "col2im", "output_size");
+  auto blocks = L::im2col_blocks(out, params);
+  int64_t kk = params.kernel[0] * params.kernel[1];
+  int64_t cols = self.size(-2), len = self.size(-1);
+  TORCH_CHECK(cols % kk == 0, "col2im: expected size of input's dimension 1 to be divisible by the product of kernel_size, but got input.size(1)=",
+              cols, " and kernel_size=", k);
+  TORCH_CHECK(len == blocks[0] * blocks[1], "col2im: given output_size=", output_size, ", kernel_size=", k, ", dilation=", d,
+              ", padding=", p, ", stride=", s, ", expected size of input's dimension 2 to match the calculated number of sliding blocks ",
+              blocks[0], " * ", blocks[1], " = ", blocks[0] * blocks[1], ", but got input.size(2)=", len, ".");
+  OpBuilder op("aten::col2im");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 2) x = b.reshape(x, {1, cols, len});
+  Value r = L::col2im(b, x, out, params);
+  if (self.dim() == 2) r = b.reshape(r, {cols / kk, out[0], out[1]});
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+
+// pixel_shuffle / pixel_unshuffle / channel_shuffle: pure reshapes and transposes.
+at::Tensor regroup(const char* name, const at::Tensor& self, const std::vector<int64_t>& split,
+                   const std::vector<int64_t>& perm, const std::vector<int64_t>& out) {
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value r = b.reshape(b.transpose(b.reshape(op.input(self), split), perm), out);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+at::Tensor pixel_shuffle_fn(const at::Tensor& self, int64_t r) {
+  TORCH_CHECK(self.dim() >= 3, "pixel_shuffle expects input to have at least 3 dimensions, but got input with ", self.dim(), " dimension(s)");
+  TORCH_CHECK(r > 0, "pixel_shuffle expects a positive upscale_factor, but got ", r);
+  int64_t c = self.size(-3), h = self.size(-2), w = self.size(-1);
+  TORCH_CHECK(c % (r * r) == 0, "pixel_shuffle expects its input's 'channel' dimension to be divisible by the square of upscale_factor, but input.size(-3)=",
+              c, " is not divisible by ", r * r);
+  std::vector<int64_t> lead(self.sizes().begin(), self.sizes().end() - 3);
+  int64_t l = static_cast<int64_t>(lead.size());
+  std::vector<int64_t> split = lead, out = lead, perm;
+  split.insert(split.end(), {c / (r * r), r, r, h, w});
+  out.insert(out.end(), {c / (r * r), h * r, w * r});
+  for (int64_t i = 0; i < l; ++i) perm.push_back(i);
+  perm.insert(perm.end(), {l, l + 3, l + 1, l + 4, l + 2});
+  return regroup("pixel_shuffle", self, split, perm, out);
+}
+at::Tensor pixel_unshuffle_fn(const at::Tensor& self, int64_t r) {
+  TORCH_CHECK(self.dim() >= 3, "pixel_unshuffle expects input to have at least 3 dimensions, but got input with ", self.dim(), " dimension(s)");
+  TORCH_CHECK(r > 0, "pixel_unshuffle expects a positive downscale_factor, but got ", r);
+  int64_t c = self.size(-3), h = self.size(-2), w = self.size(-1);
+  TORCH_CHECK(h % r == 0 && w % r == 0, "pixel_unshuffle expects height and width to be divisible by downscale_factor, got ",
+              self.sizes(), " and ", r);
+  std::vector<int64_t> lead(self.sizes().begin(), self.sizes().end() - 3);
+  int64_t l = static_cast<int64_t>(lead.size());
+  std::vector<int64_t> split = lead, out = lead, perm;
+  split.insert(split.end(), {c, h / r, r, w / r, r});
+  out.insert(out.end(), {c * r * r, h / r, w / r});
+  for (int64_t i = 0; i < l; ++i) perm.push_back(i);
+  perm.insert(perm.end(), {l, l + 2, l + 4, l + 1, l + 3});
+  return regroup("pixel_unshuffle", self, split, perm, out);
+}
+at::Tensor channel_shuffle_fn(const at::Tensor& self, int64_t groups) {
+  TORCH_CHECK(self.dim() > 2, "channel_shuffle expects input to have at least 3 dimensions, but got input with ", self.dim(), " dimension(s)");
+  TORCH_CHECK(groups > 0 && self.size(1) % groups == 0, "channel_shuffle expects number of channels (", self.size(1),
+              ") to be divisible by groups (", groups, ")");
+  std::vector<int64_t> split{self.size(0), groups, self.size(1) / groups}, perm{0, 2, 1};
+  for (int64_t i = 2; i < self.dim(); ++i) {
+    split.push_back(self.size(i));
+    perm.push_back(i + 1);
+  }
+  return regroup("channel_shuffle", self, split, perm, vec(self.sizes()));
+}
+
 // ---------------------------------------------------------------- normalization
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(const at::Tensor& input,
@@ -419,19 +581,21 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_fn(
 
 // ---------------------------------------------------------------- resampling
 
-enum class Resample { Nearest, NearestExact, Linear };
+enum class Resample { Nearest, NearestExact, Linear, Cubic };
 
 // Resamples the trailing output_size.size() dims of x (or, backward, maps a gradient back).
 Value resample(Builder& b, Value x, const std::vector<int64_t>& in, const std::vector<int64_t>& out,
                const std::vector<double>& scales, Resample mode, bool align_corners, bool backward) {
   size_t n = out.size(), lead = b.dims(x).size() - n;
   ir::DType dt = b.dtype(x);
-  Value r = mode == Resample::Linear ? b.convert(x, L::accumulate_type(dt)) : x;
+  bool weighted = mode == Resample::Linear || mode == Resample::Cubic;
+  Value r = weighted ? b.convert(x, L::accumulate_type(dt)) : x;
   for (size_t i = 0; i < n; ++i) {
     int64_t dim = static_cast<int64_t>(lead + i);
     double scale = i < scales.size() ? scales[i] : -1.0;
-    if (mode == Resample::Linear) {
-      auto m = L::linear_weights(in[i], out[i], align_corners, scale);
+    if (weighted) {
+      auto m = mode == Resample::Linear ? L::linear_weights(in[i], out[i], align_corners, scale)
+                                        : L::cubic_weights(in[i], out[i], align_corners, scale);
       r = backward ? L::apply_along(b, r, dim, L::transpose_matrix(m, out[i], in[i]), in[i], out[i])
                    : L::apply_along(b, r, dim, m, out[i], in[i]);
     } else {
@@ -478,13 +642,13 @@ at::Tensor upsample_backward_fn(const char* name, const at::Tensor& grad, c10::I
   at::Tensor PREFIX##N##d_backward_fn(const at::Tensor& g, c10::IntArrayRef o, c10::IntArrayRef i, SCALE_PARAMS) { \
     return upsample_backward_fn(#PREFIX #N "d_backward", g, o, i, scale_list(SCALE_ARGS), MODE, false);          \
   }
-#define LINEAR_KERNELS(NAME, SCALE_PARAMS, SCALE_ARGS)                                                            \
+#define WEIGHTED_KERNELS(NAME, MODE, SCALE_PARAMS, SCALE_ARGS)                                                    \
   at::Tensor NAME##_fn(const at::Tensor& s, c10::IntArrayRef o, bool ac, SCALE_PARAMS) {                          \
-    return upsample_fn(#NAME, s, o, scale_list(SCALE_ARGS), Resample::Linear, ac);                                \
+    return upsample_fn(#NAME, s, o, scale_list(SCALE_ARGS), MODE, ac);                                            \
   }                                                                                                               \
   at::Tensor NAME##_backward_fn(const at::Tensor& g, c10::IntArrayRef o, c10::IntArrayRef i, bool ac,             \
                                 SCALE_PARAMS) {                                                                   \
-    return upsample_backward_fn(#NAME "_backward", g, o, i, scale_list(SCALE_ARGS), Resample::Linear, ac);       \
+    return upsample_backward_fn(#NAME "_backward", g, o, i, scale_list(SCALE_ARGS), MODE, ac);                   \
   }
 #define P1 std::optional<double> s1
 #define P2 std::optional<double> s1, std::optional<double> s2
@@ -497,9 +661,10 @@ NEAREST_KERNELS(upsample_nearest, 3, Resample::Nearest, P3, {s1 COMMA s2 COMMA s
 NEAREST_KERNELS(_upsample_nearest_exact, 1, Resample::NearestExact, P1, A1)
 NEAREST_KERNELS(_upsample_nearest_exact, 2, Resample::NearestExact, P2, {s1 COMMA s2})
 NEAREST_KERNELS(_upsample_nearest_exact, 3, Resample::NearestExact, P3, {s1 COMMA s2 COMMA s3})
-LINEAR_KERNELS(upsample_linear1d, P1, A1)
-LINEAR_KERNELS(upsample_bilinear2d, P2, {s1 COMMA s2})
-LINEAR_KERNELS(upsample_trilinear3d, P3, {s1 COMMA s2 COMMA s3})
+WEIGHTED_KERNELS(upsample_linear1d, Resample::Linear, P1, A1)
+WEIGHTED_KERNELS(upsample_bilinear2d, Resample::Linear, P2, {s1 COMMA s2})
+WEIGHTED_KERNELS(upsample_trilinear3d, Resample::Linear, P3, {s1 COMMA s2 COMMA s3})
+WEIGHTED_KERNELS(upsample_bicubic2d, Resample::Cubic, P2, {s1 COMMA s2})
 
 // ---------------------------------------------------------------- padding
 
@@ -1036,6 +1201,18 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_adaptive_avg_pool3d", adaptive_avg_pool3d_fn);
   m.impl("_adaptive_avg_pool3d_backward", adaptive_avg_pool_backward_fn);
 
+  m.impl("adaptive_max_pool2d", adaptive_max_pool2d_fn);
+  m.impl("adaptive_max_pool2d_backward", adaptive_max_pool2d_backward_fn);
+  m.impl("adaptive_max_pool3d", adaptive_max_pool3d_fn);
+  m.impl("adaptive_max_pool3d_backward", adaptive_max_pool3d_backward_fn);
+  m.impl("max_unpool2d", max_unpool2d_fn);
+  m.impl("max_unpool3d", max_unpool3d_fn);
+  m.impl("im2col", im2col_fn);
+  m.impl("col2im", col2im_fn);
+  m.impl("pixel_shuffle", pixel_shuffle_fn);
+  m.impl("pixel_unshuffle", pixel_unshuffle_fn);
+  m.impl("channel_shuffle", channel_shuffle_fn);
+
   m.impl("native_batch_norm", native_batch_norm_fn);
   m.impl("_native_batch_norm_legit", batch_norm_legit_fn);
   m.impl("_native_batch_norm_legit.no_stats", batch_norm_legit_no_stats_fn);
@@ -1050,7 +1227,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_RESAMPLE(upsample_nearest1d) REG_RESAMPLE(upsample_nearest2d) REG_RESAMPLE(upsample_nearest3d)
   REG_RESAMPLE(_upsample_nearest_exact1d) REG_RESAMPLE(_upsample_nearest_exact2d)
   REG_RESAMPLE(_upsample_nearest_exact3d) REG_RESAMPLE(upsample_linear1d) REG_RESAMPLE(upsample_bilinear2d)
-  REG_RESAMPLE(upsample_trilinear3d)
+  REG_RESAMPLE(upsample_trilinear3d) REG_RESAMPLE(upsample_bicubic2d)
   REG_RESAMPLE(reflection_pad1d) REG_RESAMPLE(reflection_pad2d) REG_RESAMPLE(reflection_pad3d)
   REG_RESAMPLE(replication_pad1d) REG_RESAMPLE(replication_pad2d) REG_RESAMPLE(replication_pad3d)
 #undef REG_RESAMPLE

@@ -296,6 +296,107 @@ Value adaptive_avg_pool_backward(Builder& b, Value grad, const std::vector<int64
   return b.convert(r, dt);
 }
 
+namespace {
+// Max over the adaptive windows along one dim: {values, int64 position along dim}.
+std::vector<Value> adaptive_max_along(Builder& b, Value x, int64_t dim, int64_t out) {
+  auto xd = b.dims(x);
+  int64_t in = xd[dim], widest = 0;
+  std::vector<int64_t> starts, idx;
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t start = (o * in) / out, end = ((o + 1) * in + out - 1) / out;
+    starts.push_back(start);
+    widest = std::max(widest, end - start);
+  }
+  // Narrow windows repeat their last element: it never changes the first maximum.
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t end = ((o + 1) * in + out - 1) / out;
+    for (int64_t k = 0; k < widest; ++k) idx.push_back(std::min(starts[o] + k, end - 1));
+  }
+  Value g = take_along(b, x, dim, idx);
+  std::vector<int64_t> split = xd;
+  split[dim] = out;
+  split.insert(split.begin() + dim + 1, widest);
+  auto r = arg_reduce(b, b.reshape(g, split), dim + 1, false, true);
+  std::vector<double> s(starts.begin(), starts.end());
+  Value start = b.broadcast_in_dim(b.constant_array(DType::S64, s, {out}), b.dims(r[1]), {dim});
+  return {r[0], b.binary("add", r[1], start)};
+}
+}  // namespace
+
+std::vector<Value> adaptive_max_pool(Builder& b, Value x, const std::vector<int64_t>& out) {
+  auto xd = b.dims(x);
+  size_t n = out.size(), lead = xd.size() - n;
+  Value vals = x;
+  std::vector<std::pair<size_t, Value>> positions;  // (spatial dim, chosen position)
+  for (size_t i = n; i-- > 0;) {
+    int64_t dim = static_cast<int64_t>(lead + i);
+    auto r = adaptive_max_along(b, vals, dim, out[i]);
+    // Positions found for inner dims follow the rows chosen along this dim.
+    for (auto& q : positions) q.second = gather(b, q.second, dim, r[1]);
+    vals = r[0];
+    positions.emplace_back(i, r[1]);
+  }
+  Value flat = b.constant_int(DType::S64, 0, b.dims(vals));
+  for (auto& [i, pos] : positions) {
+    int64_t stride = 1;
+    for (size_t j = i + 1; j < n; ++j) stride *= xd[lead + j];
+    flat = b.binary("add", flat, b.binary("multiply", pos, b.constant_int(DType::S64, stride, b.dims(vals))));
+  }
+  return {vals, flat};
+}
+
+std::vector<int64_t> im2col_blocks(const std::vector<int64_t>& sp, const Im2ColParams& p) {
+  std::vector<int64_t> out;
+  for (size_t i = 0; i < 2; ++i) {
+    out.push_back((sp[i] + 2 * p.padding[i] - (p.dilation[i] * (p.kernel[i] - 1) + 1)) / p.stride[i] + 1);
+  }
+  return out;
+}
+
+Value im2col(Builder& b, Value x, const Im2ColParams& p) {
+  auto xd = b.dims(x);
+  int64_t n = xd[0], c = xd[1];
+  auto blocks = im2col_blocks({xd[2], xd[3]}, p);
+  Value xp = b.pad(x, b.constant(b.dtype(x), 0), {0, 0, p.padding[0], p.padding[1]},
+                   {0, 0, p.padding[0], p.padding[1]}, {0, 0, 0, 0});
+  std::vector<Value> parts;
+  for (int64_t ki = 0; ki < p.kernel[0]; ++ki) {
+    for (int64_t kj = 0; kj < p.kernel[1]; ++kj) {
+      int64_t h0 = ki * p.dilation[0], w0 = kj * p.dilation[1];
+      Value blk = b.slice(xp, {0, 0, h0, w0},
+                          {n, c, h0 + (blocks[0] - 1) * p.stride[0] + 1, w0 + (blocks[1] - 1) * p.stride[1] + 1},
+                          {1, 1, p.stride[0], p.stride[1]});
+      parts.push_back(b.reshape(blk, {n, c, 1, blocks[0] * blocks[1]}));
+    }
+  }
+  return b.reshape(b.concatenate(parts, 2), {n, c * p.kernel[0] * p.kernel[1], blocks[0] * blocks[1]});
+}
+
+Value col2im(Builder& b, Value cols, const std::vector<int64_t>& output_size, const Im2ColParams& p) {
+  auto cd = b.dims(cols);
+  int64_t n = cd[0], k = p.kernel[0] * p.kernel[1], c = cd[1] / k;
+  auto blocks = im2col_blocks(output_size, p);
+  int64_t hp = output_size[0] + 2 * p.padding[0], wp = output_size[1] + 2 * p.padding[1];
+  Value grid = b.reshape(cols, {n, c, k, blocks[0], blocks[1]});
+  Value zero = b.constant(b.dtype(cols), 0);
+  Value acc = b.constant(b.dtype(cols), 0, {n, c, hp, wp});
+  // Each kernel offset's block lands on a strided grid of the padded image: place it with
+  // interior padding and add (overlapping windows sum, as in torch's col2im).
+  for (int64_t ki = 0; ki < p.kernel[0]; ++ki) {
+    for (int64_t kj = 0; kj < p.kernel[1]; ++kj) {
+      int64_t idx = ki * p.kernel[1] + kj, h0 = ki * p.dilation[0], w0 = kj * p.dilation[1];
+      Value blk = b.reshape(b.slice(grid, {0, 0, idx, 0, 0}, {n, c, idx + 1, blocks[0], blocks[1]}, {1, 1, 1, 1, 1}),
+                            {n, c, blocks[0], blocks[1]});
+      int64_t span_h = (blocks[0] - 1) * p.stride[0] + 1, span_w = (blocks[1] - 1) * p.stride[1] + 1;
+      Value placed = b.pad(blk, zero, {0, 0, h0, w0}, {0, 0, hp - h0 - span_h, wp - w0 - span_w},
+                           {0, 0, p.stride[0] - 1, p.stride[1] - 1});
+      acc = b.binary("add", acc, placed);
+    }
+  }
+  return b.slice(acc, {0, 0, p.padding[0], p.padding[1]},
+                 {n, c, p.padding[0] + output_size[0], p.padding[1] + output_size[1]}, {1, 1, 1, 1});
+}
+
 // ---------------------------------------------------------------- resampling helpers
 
 Value apply_along(Builder& b, Value x, int64_t dim, const std::vector<double>& m, int64_t out, int64_t in) {
@@ -355,6 +456,29 @@ std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, 
     int64_t i1 = i0 + (i0 < in - 1 ? 1 : 0);
     m[o * in + i0] += 1.0f - l1;
     m[o * in + i1] += l1;
+  }
+  return m;
+}
+
+std::vector<double> cubic_weights(int64_t in, int64_t out, bool align_corners, double scale) {
+  float s;
+  if (align_corners) {
+    s = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  } else {
+    s = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+  }
+  constexpr double A = -0.75;  // torch's cubic convolution coefficient
+  auto near = [](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
+  auto far = [](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
+  std::vector<double> m(out * in, 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    // Cubic sampling does not clamp the source position at 0 (taps are clamped instead).
+    float src = align_corners ? s * static_cast<float>(o) : static_cast<float>(static_cast<double>(s) * (o + 0.5) - 0.5);
+    int64_t i0 = std::min(static_cast<int64_t>(std::floor(src)), in - 1);
+    float t = std::min(std::max(src - static_cast<float>(i0), 0.0f), 1.0f);
+    float coeffs[4] = {static_cast<float>(far(t + 1.0)), static_cast<float>(near(t)), static_cast<float>(near(1.0 - t)),
+                       static_cast<float>(far(2.0 - t))};
+    for (int64_t k = 0; k < 4; ++k) m[o * in + std::clamp<int64_t>(i0 - 1 + k, 0, in - 1)] += coeffs[k];
   }
   return m;
 }

@@ -41,6 +41,17 @@ Value avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& inpu
 Value adaptive_avg_pool(Builder& b, Value x, const std::vector<int64_t>& out);
 Value adaptive_avg_pool_backward(Builder& b, Value grad, const std::vector<int64_t>& input_dims);
 
+// Adaptive max pooling of the trailing out.size() dims: {values, int64 flat indices within each plane}.
+std::vector<Value> adaptive_max_pool(Builder& b, Value x, const std::vector<int64_t>& out);
+
+// im2col / col2im (F.unfold / F.fold) on [N, C, H, W] / [N, C*kh*kw, L].
+struct Im2ColParams {
+  std::vector<int64_t> kernel, dilation, padding, stride;
+};
+std::vector<int64_t> im2col_blocks(const std::vector<int64_t>& spatial, const Im2ColParams& p);
+Value im2col(Builder& b, Value x, const Im2ColParams& p);
+Value col2im(Builder& b, Value cols, const std::vector<int64_t>& output_size, const Im2ColParams& p);
+
 // Contracts dim `dim` of x with a host matrix m[out][in] (row-major), placing `out` at `dim`.
 Value apply_along(Builder& b, Value x, int64_t dim, const std::vector<double>& m, int64_t out, int64_t in);
 // The transpose of a row-major [rows][cols] host matrix.
@@ -52,6 +63,7 @@ Value take_along_backward(Builder& b, Value grad, int64_t dim, const std::vector
 // Resampling of the trailing dims. scales[i] <= 0 means "not given".
 std::vector<int64_t> nearest_indices(int64_t in, int64_t out, double scale, bool exact);
 std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, double scale);  // [out][in]
+std::vector<double> cubic_weights(int64_t in, int64_t out, bool align_corners, double scale);   // [out][in]
 
 // Padding of the trailing dims: pads (low, high) per dim, outermost first.
 std::vector<int64_t> reflect_indices(int64_t in, int64_t low, int64_t high);

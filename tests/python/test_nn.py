@@ -273,3 +273,48 @@ def test_special_values() -> None:
     ints = torch.tensor([1, -8, 37, 5])
     check(lambda a: torch.bitwise_left_shift(a, 2), ints, grad=False)
     check(lambda a: torch.bitwise_right_shift(a, torch.tensor([0, 1, 2, 3], device=a.device)), ints, grad=False)
+
+
+@pytest.mark.parametrize("out", [(1, 1), (3, 2), (5, 7)])
+def test_adaptive_max_pool(out: tuple[int, int]) -> None:
+    check(lambda x: F.adaptive_max_pool2d(x, out, return_indices=True), rnd(2, 3, 7, 6))
+    check(lambda x: F.adaptive_max_pool3d(x, (2, *out), return_indices=True), rnd(1, 2, 5, 7, 6))
+    check(lambda x: F.adaptive_max_pool1d(x, out[1]), rnd(2, 3, 9))
+
+
+def test_max_unpool() -> None:
+    x = rnd(2, 3, 6, 8)
+    v, i = F.max_pool2d(x, 2, return_indices=True)
+    check(lambda v: F.max_unpool2d(v, i.to(v.device), 2), v)
+    x3 = rnd(1, 2, 4, 4, 6)
+    v3, i3 = F.max_pool3d(x3, 2, return_indices=True)
+    check(lambda v: F.max_unpool3d(v, i3.to(v.device), 2), v3)
+
+
+@pytest.mark.parametrize("kernel,dilation,padding,stride", [(2, 1, 0, 1), (3, 2, 1, 2), ((2, 3), 1, (1, 0), (2, 1))])
+def test_unfold_fold(kernel, dilation, padding, stride) -> None:
+    x = rnd(2, 3, 7, 8)
+    check(lambda x: F.unfold(x, kernel, dilation, padding, stride), x)
+    cols = F.unfold(x, kernel, dilation, padding, stride)
+    check(lambda c: F.fold(c, (7, 8), kernel, dilation, padding, stride), cols)
+
+
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("size", [(10, 7), (3, 2)])
+def test_bicubic(align: bool, size: tuple[int, int]) -> None:
+    check(lambda x: F.interpolate(x, size=size, mode="bicubic", align_corners=align), rnd(2, 3, 5, 4), rtol=1e-4, atol=1e-5)
+
+
+def test_shuffles() -> None:
+    check(lambda x: F.pixel_shuffle(x, 2), rnd(2, 8, 3, 5))
+    check(lambda x: F.pixel_unshuffle(x, 2), rnd(2, 3, 4, 6))
+    check(lambda x: F.channel_shuffle(x, 3), rnd(2, 6, 3, 2))
+
+
+def test_norm_overloads() -> None:
+    x = rnd(4, 5)
+    check(lambda x: torch.norm(x), x)
+    check(lambda x: torch.norm(x, p=1, dim=1), x)
+    check(lambda x: torch.norm(x, p=3.5, dim=(0, 1), keepdim=True), x)
+    check(lambda x: torch.linalg.vector_norm(x, ord=-2, dim=1), x)
+    check(lambda a, b: F.pairwise_distance(a, b), x, rnd(4, 5, seed=1))
