@@ -1124,6 +1124,110 @@ at::Tensor soft_margin_backward_fn(const at::Tensor& grad, const at::Tensor& sel
   return finish(op, b.binary("multiply", d, g), self.scalar_type(), nullptr);
 }
 
+// multi_margin_loss on [N, C] (or [C]) scores: per row, sum over i != y of
+// max(0, margin - x[y] + x[i])^p * w[y], divided by C.
+struct MarginTerms {
+  Value hinge;    // margin - x[y] + x[i], zero at i == y  [N, C]
+  Value active;   // i != y and hinge > 0
+  Value onehot;   // i == y
+  Value scale;    // w[y] / C broadcast to [N, C]
+};
+MarginTerms margin_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor& target, const at::Scalar& margin,
+                         const std::optional<at::Tensor>& weight) {
+  auto& b = op.b();
+  ir::DType dt = L::accumulate_type(to_ir(self.scalar_type()));
+  int64_t c = self.size(-1), n = self.dim() == 2 ? self.size(0) : 1;
+  Value x = b.reshape(b.convert(op.input(self), dt), {n, c});
+  Value y = b.reshape(b.convert(op.input(target), ir::DType::S64), {n});
+  op.check_flag(L::index_out_of_range(b, y, c), "target out of bounds in aten::multi_margin_loss (classes " + std::to_string(c) + ")");
+  Value onehot = b.compare(b.iota(ir::DType::S64, {n, c}, 1), b.broadcast_in_dim(y, {n, c}, {0}), "EQ");
+  Value xy = L::sum(b, b.select(onehot, x, b.constant(dt, 0, {n, c})), {1}, false, dt);
+  Value hinge = b.binary("add", b.binary("subtract", b.broadcast_to(op.scalar(margin, to_aten(dt)), {n, c}),
+                                         b.broadcast_in_dim(xy, {n, c}, {0})), x);
+  Value active = b.binary("and", b.unary("not", onehot), b.compare(hinge, b.constant(dt, 0, {n, c}), "GT"));
+  Value scale = b.constant(dt, 1.0 / static_cast<double>(c), {n, c});
+  if (weight && weight->defined()) {
+    Value wy = L::index_select(b, b.convert(op.input(*weight), dt), 0, y);
+    scale = b.binary("multiply", scale, b.broadcast_in_dim(wy, {n, c}, {0}));
+  }
+  return {hinge, active, onehot, scale};
+}
+
+at::Tensor multi_margin_fn(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p,
+                           const at::Scalar& margin, const std::optional<at::Tensor>& weight, int64_t reduction) {
+  TORCH_CHECK(p.toLong() == 1 || p.toLong() == 2, "multi_margin_loss: only p == 1 and p == 2 supported");
+  TORCH_CHECK(self.dim() <= 2 && self.numel() > 0, "multi_margin_loss: expected non-empty vector or matrix, got ", self.sizes());
+  OpBuilder op("aten::multi_margin_loss");
+  auto& b = op.b();
+  auto t = margin_terms(op, self, target, margin, weight);
+  ir::DType dt = b.dtype(t.hinge);
+  Value z = b.select(t.active, t.hinge, b.scalar_like(t.hinge, 0));
+  if (p.toLong() == 2) z = b.binary("multiply", z, z);
+  Value loss = L::sum(b, b.binary("multiply", z, t.scale), {1}, false, dt);
+  if (self.dim() < 2 && reduction == 0) loss = b.reshape(loss, {});
+  return finish(op, b.convert(L::reduce_loss(b, loss, reduction), to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+}
+
+at::Tensor multi_margin_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                    const at::Scalar& p, const at::Scalar& margin,
+                                    const std::optional<at::Tensor>& weight, int64_t reduction) {
+  OpBuilder op("aten::multi_margin_loss_backward");
+  auto& b = op.b();
+  auto t = margin_terms(op, self, target, margin, weight);
+  ir::DType dt = b.dtype(t.hinge);
+  auto nc = b.dims(t.hinge);
+  Value d = p.toLong() == 2 ? b.binary("multiply", t.hinge, b.scalar_like(t.hinge, 2)) : b.scalar_like(t.hinge, 1);
+  Value gi = b.select(t.active, b.binary("multiply", d, t.scale), b.scalar_like(t.hinge, 0));
+  Value gy = b.unary("negate", L::sum(b, gi, {1}, false, dt));
+  Value g = b.select(t.onehot, b.broadcast_in_dim(gy, nc, {0}), gi);
+  Value up = b.convert(op.input(grad), dt);
+  up = reduction == 0 ? b.broadcast_in_dim(b.reshape(up, {nc[0]}), nc, {0}) : L::loss_grad_scale(b, up, {nc[0]}, reduction);
+  if (reduction != 0) up = b.broadcast_in_dim(up, nc, {0});
+  Value r = b.reshape(b.binary("multiply", g, up), vec(self.sizes()));
+  return finish(op, b.convert(r, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+}
+
+// rrelu: random negative slopes in [lower, upper) while training (recorded in `noise`), their mean otherwise.
+at::Tensor rrelu_with_noise_fn(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
+                               const at::Scalar& upper, bool training, std::optional<at::Generator> gen) {
+  OpBuilder op("aten::rrelu_with_noise");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type()), acc = L::accumulate_type(dt);
+  Value x = b.convert(op.input(self), acc);
+  auto shape = b.dims(x);
+  Value zero = b.constant(acc, 0, shape);
+  Value slope;
+  if (training) {
+    auto r = L::uniform(b, op.rng_state(pick_generator(gen, self)), acc, shape);
+    op.set_rng_state(r[0]);
+    Value lo = b.broadcast_to(op.scalar(lower, to_aten(acc)), shape), hi = b.broadcast_to(op.scalar(upper, to_aten(acc)), shape);
+    slope = b.binary("add", lo, b.binary("multiply", r[1], b.binary("subtract", hi, lo)));
+    Value noise_v = b.select(b.compare(x, zero, "GE"), b.constant(acc, 1, shape), slope);
+    op.write(noise, b.reshape(b.convert(noise_v, to_ir(noise.scalar_type())), vec(noise.sizes())));
+  } else {
+    slope = b.broadcast_to(op.scalar((lower.toDouble() + upper.toDouble()) / 2, to_aten(acc)), shape);
+  }
+  Value out = b.select(b.compare(x, zero, "GE"), x, b.binary("multiply", x, slope));
+  return finish(op, b.convert(out, dt), self.scalar_type(), nullptr);
+}
+
+at::Tensor rrelu_with_noise_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& noise,
+                                        const at::Scalar& lower, const at::Scalar& upper, bool training, bool) {
+  OpBuilder op("aten::rrelu_with_noise_backward");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type()), acc = L::accumulate_type(dt);
+  Value g = b.convert(op.input(grad), acc), x = b.convert(op.input(self), acc);
+  auto shape = b.dims(x);
+  Value r;
+  if (training && upper.toDouble() - lower.toDouble() > 1e-6) {
+    r = b.binary("multiply", g, b.convert(op.input(noise), acc));
+  } else {
+    Value slope = b.broadcast_to(op.scalar((lower.toDouble() + upper.toDouble()) / 2, to_aten(acc)), shape);
+    r = b.select(b.compare(x, b.constant(acc, 0, shape), "GT"), g, b.binary("multiply", g, slope));
+  }
+  return finish(op, b.convert(r, dt), self.scalar_type(), nullptr);
+}
+
 // nll_loss2d: [N, C, d...] log-probabilities as [N*d..., C] rows for the 1-d lowering.
 Value rows_of(Builder& b, Value x) {
   auto xd = b.dims(x);
@@ -1269,6 +1373,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("soft_margin_loss", soft_margin_fn);
   m.impl("soft_margin_loss_backward", soft_margin_backward_fn);
   m.impl("nll_loss2d_forward", nll_loss2d_fn);
+  m.impl("multi_margin_loss", multi_margin_fn);
+  m.impl("multi_margin_loss_backward", multi_margin_backward_fn);
+  m.impl("rrelu_with_noise", rrelu_with_noise_fn);
+  m.impl("rrelu_with_noise_backward", rrelu_with_noise_backward_fn);
   m.impl("nll_loss2d_backward", nll_loss2d_backward_fn);
 }
 

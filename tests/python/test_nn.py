@@ -318,3 +318,25 @@ def test_norm_overloads() -> None:
     check(lambda x: torch.norm(x, p=3.5, dim=(0, 1), keepdim=True), x)
     check(lambda x: torch.linalg.vector_norm(x, ord=-2, dim=1), x)
     check(lambda a, b: F.pairwise_distance(a, b), x, rnd(4, 5, seed=1))
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("p", [1, 2])
+def test_multi_margin_loss(reduction: str, p: int) -> None:
+    x, y = rnd(4, 5), torch.tensor([0, 4, 2, 2])
+    w = rnd(5, seed=2).abs()
+    check(lambda x: F.multi_margin_loss(x, y.to(x.device), p=p, margin=0.7, reduction=reduction), x)
+    check(lambda x: F.multi_margin_loss(x, y.to(x.device), weight=w.to(x.device), reduction=reduction), x)
+
+
+def test_rrelu() -> None:
+    check(lambda x: F.rrelu(x, 0.1, 0.3, training=False), rnd(4, 5))
+    torch.manual_seed(0)
+    x = rnd(2000).to(DEV).requires_grad_()
+    with torch_pjrt.fallback_mode("error"):
+        y = F.rrelu(x, 0.1, 0.3, training=True)
+        y.sum().backward()
+    xc, yc, gc = x.detach().cpu(), y.detach().cpu(), x.grad.cpu()
+    slope = yc[xc < 0] / xc[xc < 0]
+    assert torch.equal(yc[xc >= 0], xc[xc >= 0]) and slope.min() >= 0.1 and slope.max() < 0.3 and slope.std() > 0.03
+    torch.testing.assert_close(gc[xc < 0], slope)
