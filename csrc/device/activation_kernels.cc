@@ -211,7 +211,7 @@ at::Tensor logit_backward_fn(const at::Tensor& grad, const at::Tensor& self, std
   return pointwise("logit_backward", {grad, self}, nullptr, [&](const Pointwise& p) {
     Value g = p.in[0], x = p.in[1];
     Value d = p.bin("divide", g, p.bin("multiply", x, p.bin("subtract", p.c(1), x)));
-    if (!eps) return d;
+    if (!eps) return p.sel(p.bin("or", p.cmp(x, p.c(0), "LT"), p.cmp(x, p.c(1), "GT")), p.c(NAN), d);
     Value outside = p.bin("or", p.cmp(x, p.c(*eps), "LT"), p.cmp(x, p.c(1.0 - *eps), "GT"));
     return p.sel(outside, p.c(0), d);
   });

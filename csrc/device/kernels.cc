@@ -1095,7 +1095,8 @@ at::Tensor embedding_backward_fn(const at::Tensor& grad, const at::Tensor& indic
 }
 
 at::Tensor gather_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* into) {
-  TORCH_CHECK(index.scalar_type() == at::kLong, "gather(): Expected dtype int64 for index");
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+              "gather(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   TORCH_CHECK(index.dim() == self.dim() || (self.dim() == 0 && index.dim() <= 1),
               "Index tensor must have the same number of dimensions as input tensor");
@@ -1121,7 +1122,7 @@ at::Tensor& gather_out(const at::Tensor& s, int64_t d, const at::Tensor& i, bool
 
 at::Tensor scatter_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                         const std::string& reduce, const at::Tensor* into) {
-  TORCH_CHECK(index.scalar_type() == at::kLong, "scatter(): Expected dtype int64 for index");
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, "scatter(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   OpBuilder op(reduce.empty() ? "aten::scatter" : "aten::scatter_" + reduce);
   Value x = op.input(self), idx = op.input(index);
@@ -1556,11 +1557,12 @@ std::tuple<at::Tensor, at::Tensor> native_dropout_fn(const at::Tensor& input, do
 at::Tensor native_dropout_backward_fn(const at::Tensor& grad, const at::Tensor& mask, double scale) {
   OpBuilder op("aten::native_dropout_backward");
   auto& b = op.b();
-  Value g = op.input(grad);
+  // grad * mask * scale: a Python float scale makes integer gradients float, as on CPU.
+  at::ScalarType out = float_result(grad.scalar_type());
+  Value g = b.convert(op.input(grad), to_ir(out));
   Value m = b.convert(op.input(mask), ir::DType::Pred);
-  Value r = b.select(m, b.binary("multiply", g, b.broadcast_to(op.scalar(scale, grad.scalar_type()), b.dims(g))),
-                     b.scalar_like(g, 0));
-  return finish(op, r, grad.scalar_type(), nullptr);
+  Value r = b.select(m, b.binary("multiply", g, b.broadcast_to(op.scalar(scale, out), b.dims(g))), b.scalar_like(g, 0));
+  return finish(op, r, out, nullptr);
 }
 
 at::Tensor& random_from_to(at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {

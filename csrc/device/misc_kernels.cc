@@ -213,7 +213,7 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
                                c10::string_view reduce, bool include_self, const at::Tensor* into) {
   TORCH_CHECK(reduce == "sum" || reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
               "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
-  TORCH_CHECK(index.scalar_type() == at::kLong, "scatter_reduce(): Expected dtype int64 for index");
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, "scatter_reduce(): Expected dtype int32/int64 for index");
   TORCH_CHECK(self.scalar_type() == src.scalar_type(), "scatter_reduce(): Expected self.dtype to be equal to src.dtype");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   int64_t size = self.dim() == 0 ? 1 : self.size(d);
@@ -256,6 +256,48 @@ at::Tensor& scatter_reduce_out(const at::Tensor& s, int64_t d, const at::Tensor&
                                c10::string_view r, bool inc, at::Tensor& out) {
   scatter_reduce_impl(s, d, i, src, r, inc, &out);
   return out;
+}
+
+// scatter with the legacy reduce strings ("add", "multiply"), always including self.
+std::string legacy_reduce(c10::string_view reduce) {
+  TORCH_CHECK(reduce == "add" || reduce == "multiply", "reduce argument must be either add or multiply, got ", reduce);
+  return reduce == "add" ? "sum" : "prod";
+}
+at::Tensor scatter_reduce_src(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r) {
+  return scatter_reduce_impl(s, d, i, src, legacy_reduce(r), true, nullptr);
+}
+at::Tensor& scatter_reduce_src_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r) {
+  scatter_reduce_impl(s, d, i, src, legacy_reduce(r), true, &s);
+  return s;
+}
+at::Tensor scatter_reduce_value(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v, c10::string_view r) {
+  return scatter_reduce_impl(s, d, i, at::full(i.sizes(), v, s.options()), legacy_reduce(r), true, nullptr);
+}
+at::Tensor& scatter_reduce_value_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v, c10::string_view r) {
+  scatter_reduce_impl(s, d, i, at::full(i.sizes(), v, s.options()), legacy_reduce(r), true, &s);
+  return s;
+}
+
+// index_reduce: scatter_reduce with the index vector broadcast along the other dims.
+at::Tensor index_reduce_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& source,
+                             c10::string_view reduce, bool include_self, const at::Tensor* into) {
+  TORCH_CHECK(reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
+              "index_reduce(): Expected reduce to be one of prod, mean, amax or amin but got ", reduce, ".");
+  check_index_dtype("index_reduce", index);
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(source.dim(), 1));
+  std::vector<int64_t> shape(std::max<int64_t>(source.dim(), 1), 1);
+  shape[d] = index.numel();
+  at::Tensor idx = index.to(at::kLong).reshape(shape).expand(source.dim() == 0 ? c10::IntArrayRef(shape) : source.sizes());
+  return scatter_reduce_impl(self, d, idx, source.dim() == 0 ? source.reshape({1}) : source, reduce, include_self, into);
+}
+at::Tensor index_reduce_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r,
+                           bool inc) {
+  return index_reduce_impl(s, d, i, src, r, inc, nullptr);
+}
+at::Tensor& index_reduce_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r,
+                                 bool inc) {
+  index_reduce_impl(s, d, i, src, r, inc, &s);
+  return s;
 }
 
 // searchsorted: the number of boundary elements < v (left) or <= v (right) in each row.
@@ -560,7 +602,121 @@ at::Tensor as_strided_scatter_fn(const at::Tensor& self, const at::Tensor& src, 
   return out;
 }
 
+// Small compositions of native kernels (each step runs on the device).
+at::Tensor rsub_fn(const at::Tensor& self, const at::Tensor& other, const at::Scalar& alpha) {
+  return at::sub(other, self, alpha);
+}
+at::Tensor rsub_scalar_fn(const at::Tensor& self, const at::Scalar& other, const at::Scalar& alpha) {
+  return at::sub(scalar_tensor_like(other), self, alpha);
+}
+bool equal_fn(const at::Tensor& self, const at::Tensor& other) {
+  if (!self.sizes().equals(other.sizes())) return false;
+  return at::eq(self, other).all().item<bool>();  // one host sync, like CPU's answer
+}
+at::Tensor vdot_fn(const at::Tensor& self, const at::Tensor& other) { return at::dot(self, other); }
+
+at::Tensor round_decimals_impl(const at::Tensor& self, int64_t decimals, const at::Tensor* into) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "round_decimals: only floating point inputs are supported, got ",
+              self.scalar_type());
+  OpBuilder op("aten::round.decimals");
+  auto& b = op.b();
+  Value x = op.input(self);
+  Value ten_pow = b.scalar_like(x, std::pow(10.0, static_cast<double>(std::abs(decimals))));
+  Value r = decimals > 0 ? b.binary("divide", b.unary("round_nearest_even", b.binary("multiply", x, ten_pow)), ten_pow)
+                         : b.binary("multiply", b.unary("round_nearest_even", b.binary("divide", x, ten_pow)), ten_pow);
+  return finish(op, r, self.scalar_type(), into);
+}
+at::Tensor round_decimals_fn(const at::Tensor& s, int64_t d) { return round_decimals_impl(s, d, nullptr); }
+at::Tensor& round_decimals_out(const at::Tensor& s, int64_t d, at::Tensor& out) {
+  round_decimals_impl(s, d, &out);
+  return out;
+}
+at::Tensor& round_decimals_inplace(at::Tensor& s, int64_t d) {
+  round_decimals_impl(s, d, &s);
+  return s;
+}
+
+// Backward of Tensor.unfold: every window element adds its gradient back to its source position.
+at::Tensor unfold_backward_fn(const at::Tensor& grad, c10::IntArrayRef input_sizes, int64_t dim, int64_t size, int64_t step) {
+  int64_t rank = static_cast<int64_t>(input_sizes.size());
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(rank, 1));
+  OpBuilder op("aten::unfold_backward");
+  auto& b = op.b();
+  Value g = op.input(grad);
+  if (rank == 0) return finish(op, b.reshape(g, {}), grad.scalar_type(), nullptr);
+  int64_t windows = grad.size(d);
+  // [.., windows, .., size] -> [.., windows * size, ..]
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank; ++i) {
+    perm.push_back(i);
+    if (i == d) perm.push_back(rank);
+  }
+  std::vector<int64_t> merged = vec(grad.sizes());
+  merged.pop_back();
+  merged[d] = windows * size;
+  g = b.reshape(b.transpose(g, perm), merged);
+  std::vector<int64_t> idx;
+  for (int64_t w = 0; w < windows; ++w)
+    for (int64_t k = 0; k < size; ++k) idx.push_back(w * step + k);
+  Value r = L::take_along_backward(b, g, d, idx, input_sizes[d]);
+  return finish(op, r, grad.scalar_type(), nullptr);
+}
+
+at::Tensor renorm_impl(const at::Tensor& self, const at::Scalar& p, int64_t dim, const at::Scalar& maxnorm,
+                       const at::Tensor* into) {
+  TORCH_CHECK(p.toDouble() > 0, "renorm: non-positive-norm not supported");
+  TORCH_CHECK(maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ", maxnorm.toDouble());
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "renorm: expected a floating point input");
+  int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  OpBuilder op("aten::renorm");
+  auto& b = op.b();
+  Value x = op.input(self);
+  DType acc = L::accumulate_type(b.dtype(x));
+  std::vector<int64_t> others;
+  for (int64_t i = 0; i < self.dim(); ++i) {
+    if (i != d) others.push_back(i);
+  }
+  Value norm = others.empty() ? b.unary("abs", b.convert(x, acc))
+                              : b.broadcast_to(L::vector_norm(b, x, p.toDouble(), others, true, acc), b.dims(x));
+  Value mx = b.broadcast_to(op.scalar(maxnorm, to_aten(acc)), b.dims(x));
+  Value factor = b.select(b.compare(norm, mx, "GT"), b.binary("divide", mx, b.binary("add", norm, b.scalar_like(norm, 1e-7))),
+                          b.scalar_like(norm, 1));
+  return finish(op, b.convert(b.binary("multiply", b.convert(x, acc), factor), b.dtype(x)), self.scalar_type(), into);
+}
+at::Tensor renorm_fn(const at::Tensor& s, const at::Scalar& p, int64_t d, const at::Scalar& m) {
+  return renorm_impl(s, p, d, m, nullptr);
+}
+at::Tensor& renorm_out(const at::Tensor& s, const at::Scalar& p, int64_t d, const at::Scalar& m, at::Tensor& out) {
+  renorm_impl(s, p, d, m, &out);
+  return out;
+}
+
 // ---------------------------------------------------------------- factories
+
+// triu_indices / tril_indices: the coordinates are known on the host; one upload.
+at::Tensor tri_indices(int64_t row, int64_t col, int64_t offset, bool upper, std::optional<at::ScalarType> dtype,
+                       std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool> pin) {
+  TORCH_CHECK(row >= 0 && col >= 0, "row and col must be non-negative, got ", row, " and ", col);
+  std::vector<int64_t> rows, cols;
+  for (int64_t r = 0; r < row; ++r)
+    for (int64_t c = 0; c < col; ++c)
+      if (upper ? c - r >= offset : c - r <= offset) {
+        rows.push_back(r);
+        cols.push_back(c);
+      }
+  int64_t n = static_cast<int64_t>(rows.size());
+  rows.insert(rows.end(), cols.begin(), cols.end());
+  at::Tensor host = at::tensor(rows, at::TensorOptions().dtype(at::kLong)).reshape({2, n});
+  return host.to(at::TensorOptions().dtype(dtype.value_or(at::kLong)).layout(layout).device(device).pinned_memory(pin));
+}
+at::Tensor triu_indices_fn(int64_t r, int64_t c, int64_t o, std::optional<at::ScalarType> t, std::optional<at::Layout> l,
+                           std::optional<at::Device> d, std::optional<bool> p) {
+  return tri_indices(r, c, o, true, t, l, d, p);
+}
+at::Tensor tril_indices_fn(int64_t r, int64_t c, int64_t o, std::optional<at::ScalarType> t, std::optional<at::Layout> l,
+                           std::optional<at::Device> d, std::optional<bool> p) {
+  return tri_indices(r, c, o, false, t, l, d, p);
+}
 
 at::Tensor& eye_out(int64_t n, int64_t m, at::Tensor& out) {
   TORCH_CHECK(n >= 0 && m >= 0, "eye: n and m must be greater or equal to 0, got ", n, " and ", m);
@@ -674,6 +830,29 @@ at::Tensor& cauchy_fn(at::Tensor& self, double median, double sigma, std::option
     return b.binary("add", b.broadcast_to(op.scalar(median, t), b.dims(u)),
                     b.binary("multiply", b.broadcast_to(op.scalar(sigma, t), b.dims(u)), b.unary("tan", angle)));
   });
+}
+
+// normal with tensor mean and/or std: mean + std * N(0, 1) over the broadcast shape.
+at::Tensor normal_tensors(const at::Tensor& mean, const at::Tensor& std, std::optional<at::Generator> gen) {
+  at::ScalarType t = at::result_type(mean, std);
+  TORCH_CHECK(at::isFloatingType(t), "normal expects floating point mean and std, got ", t);
+  OpBuilder op("aten::normal");
+  auto& b = op.b();
+  Value m = b.convert(op.input(mean), to_ir(t)), s = b.convert(op.input(std), to_ir(t));
+  auto shape = ir::broadcast_shapes(b.dims(m), b.dims(s));
+  const at::Tensor& device_tensor = mean.device().type() == c10::DeviceType::PrivateUse1 ? mean : std;
+  auto r = L::normal(b, op.rng_state(pick_generator(gen, device_tensor)), to_ir(t), shape);
+  op.set_rng_state(r[0]);
+  Value out = b.binary("add", b.broadcast_to(m, shape), b.binary("multiply", b.broadcast_to(s, shape), r[1]));
+  return finish(op, out, t, nullptr);
+}
+at::Tensor normal_tt(const at::Tensor& m, const at::Tensor& s, std::optional<at::Generator> g) { return normal_tensors(m, s, g); }
+at::Tensor normal_tf(const at::Tensor& m, double s, std::optional<at::Generator> g) {
+  TORCH_CHECK(s >= 0.0, "normal expects std >= 0.0, but found std ", s);
+  return normal_tensors(m, at::scalar_tensor(s, m.options().device(at::kCPU)), g);
+}
+at::Tensor normal_ft(double m, const at::Tensor& s, std::optional<at::Generator> g) {
+  return normal_tensors(at::scalar_tensor(m, s.options().device(at::kCPU)), s, g);
 }
 
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
@@ -958,6 +1137,27 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("diagonal_scatter", diagonal_scatter_fn);
   m.impl("as_strided_scatter", as_strided_scatter_fn);
 
+  m.impl("scatter.reduce", scatter_reduce_src);
+  m.impl("scatter_.reduce", scatter_reduce_src_inplace);
+  m.impl("scatter.value_reduce", scatter_reduce_value);
+  m.impl("scatter_.value_reduce", scatter_reduce_value_inplace);
+  m.impl("index_reduce", index_reduce_fn);
+  m.impl("index_reduce_", index_reduce_inplace);
+  m.impl("rsub.Tensor", rsub_fn);
+  m.impl("rsub.Scalar", rsub_scalar_fn);
+  m.impl("equal", equal_fn);
+  m.impl("vdot", vdot_fn);
+  m.impl("round.decimals", round_decimals_fn);
+  m.impl("round.decimals_out", round_decimals_out);
+  m.impl("round_.decimals", round_decimals_inplace);
+  m.impl("unfold_backward", unfold_backward_fn);
+  m.impl("renorm", renorm_fn);
+  m.impl("renorm.out", renorm_out);
+  m.impl("triu_indices", triu_indices_fn);
+  m.impl("tril_indices", tril_indices_fn);
+  m.impl("normal.Tensor_Tensor", normal_tt);
+  m.impl("normal.Tensor_float", normal_tf);
+  m.impl("normal.float_Tensor", normal_ft);
   m.impl("eye.out", eye_n_out);
   m.impl("eye.m_out", eye_out);
   m.impl("linspace.out", linspace_out);

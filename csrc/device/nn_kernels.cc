@@ -534,6 +534,31 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward_fn(
   return {gi, gw, gb};
 }
 
+// The newer batch-norm entry points (training update / evaluation, with an unused reserve tensor).
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_with_update_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean, at::Tensor& running_var, double momentum, double eps) {
+  auto [out, mean, invstd] = batch_norm_impl(input, weight, bias, running_mean, running_var, true, momentum, eps);
+  return {out, mean, invstd, at::empty({0}, input.options().dtype(at::kByte))};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> batch_norm_no_update_fn(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, double momentum,
+    double eps) {
+  bool has_stats = running_mean && running_mean->defined() && running_var && running_var->defined();
+  auto [out, mean, invstd] = batch_norm_impl(input, weight, bias, running_mean, running_var, !has_stats, momentum, eps);
+  return {out, mean, invstd, at::empty({0}, input.options().dtype(at::kByte))};
+}
+std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_backward_fn(
+    const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var,
+    const std::optional<at::Tensor>& save_mean, const std::optional<at::Tensor>& save_var, bool update, double eps,
+    std::array<bool, 3> mask, const at::Tensor&) {
+  bool saved = save_mean && save_mean->defined() && save_mean->numel() > 0;
+  return native_batch_norm_backward_fn(grad, input, weight, running_mean, running_var, save_mean, save_var,
+                                       update || saved, eps, mask);
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_fn(const at::Tensor& input,
                                                                    const std::optional<at::Tensor>& weight,
                                                                    const std::optional<at::Tensor>& bias, int64_t n,
@@ -1322,6 +1347,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_native_batch_norm_legit.no_stats", batch_norm_legit_no_stats_fn);
   m.impl("_native_batch_norm_legit_no_training", batch_norm_legit_no_training_fn);
   m.impl("native_batch_norm_backward", native_batch_norm_backward_fn);
+  m.impl("_batch_norm_with_update", batch_norm_with_update_fn);
+  m.impl("_batch_norm_no_update", batch_norm_no_update_fn);
+  m.impl("batch_norm_backward", batch_norm_backward_fn);
   m.impl("native_group_norm", native_group_norm_fn);
   m.impl("native_group_norm_backward", native_group_norm_backward_fn);
 

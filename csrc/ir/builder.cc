@@ -122,6 +122,10 @@ Value Builder::convert(Value v, DType dtype) {
     // Non-zero is true, as in torch (a plain convert would do the same, but be explicit).
     return compare(v, scalar_like(v, 0), "NE");
   }
+  if (is_floating(this->dtype(v)) && (dtype == DType::U8 || dtype == DType::U16 || dtype == DType::U32)) {
+    // Out-of-range floats wrap modulo 2^n like torch's CPU cast (XLA would saturate): go through i64.
+    v = g_.add("stablehlo.convert", {v}, Type{DType::S64, dims(v)});
+  }
   return g_.add("stablehlo.convert", {v}, Type{dtype, dims(v)});
 }
 

@@ -307,7 +307,13 @@ const std::map<std::string, BinaryFn>& binary_table() {
       return b.select(neg, b.unary("negate", ax), ax);
     };
     t["nextafter"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.next_after", x, y); };
-    t["special_zeta"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.zeta", x, y); };
+    t["special_zeta"] = [](Builder& b, Value x, Value y) {
+      // Poles: torch (Cephes) gives +inf at non-positive integer q when x > 1; CHLO gives NaN.
+      Value pole = b.binary("and", b.binary("and", b.compare(y, b.scalar_like(y, 0), "LE"),
+                                            b.compare(y, b.unary("floor", y), "EQ")),
+                            b.compare(x, b.scalar_like(x, 1), "GT"));
+      return b.select(pole, b.scalar_like(x, INFINITY), b.binary("chlo.zeta", x, y));
+    };
     auto nan_ignoring = [&t](const std::string& name, const std::string& op) {
       t[name] = [op](Builder& b, Value x, Value y) {
         if (!ir::is_floating(b.dtype(x))) return b.binary(op, x, y);
@@ -376,6 +382,12 @@ Value erf(Builder& b, Value x) {
 Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out) {
   auto it = unary_table().find(name);
   if (it == unary_table().end()) throw std::invalid_argument("no lowering for unary op " + name);
+  if (!ir::is_floating(compute)) {
+    // Rounding is the identity on integers, and every integer is finite.
+    if (name == "floor" || name == "ceil" || name == "round" || name == "trunc") return b.convert(x, out);
+    if (name == "isfinite") return b.convert(b.constant_int(DType::Pred, 1, b.dims(x)), out);
+    if (name == "frac") return b.convert(b.constant_int(compute, 0, b.dims(x)), out);
+  }
   Value r = it->second(b, b.convert(x, compute));
   return b.convert(r, out);
 }
@@ -405,7 +417,11 @@ Value where(Builder& b, Value cond, Value x, Value y, DType out) {
 }
 
 Value clamp(Builder& b, Value x, const Value* lo, const Value* hi, DType out) {
-  Value r = b.convert(x, out);
+  // The result has the broadcast shape of all three (a bound may be larger than x).
+  std::vector<int64_t> shape = b.dims(x);
+  if (lo) shape = ir::broadcast_shapes(shape, b.dims(*lo));
+  if (hi) shape = ir::broadcast_shapes(shape, b.dims(*hi));
+  Value r = b.broadcast_to(b.convert(x, out), shape);
   // max then min, NaN propagating like torch.clamp.
   if (lo) r = b.binary("maximum", r, b.broadcast_to(b.convert(*lo, out), b.dims(r)));
   if (hi) r = b.binary("minimum", r, b.broadcast_to(b.convert(*hi, out), b.dims(r)));

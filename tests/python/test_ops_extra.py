@@ -136,3 +136,49 @@ def test_isin() -> None:
         check(lambda x, t: torch.isin(x, t, invert=invert), x, t, grad=False)
     check(lambda x: torch.isin(x, 3), x, grad=False)
     check(lambda t: torch.isin(5, t), t, grad=False)
+
+
+def test_more_compositions() -> None:
+    x, y = rnd(4, 5), rnd(4, 5, seed=1)
+    check(lambda x, y: torch.rsub(x, y, alpha=2.0), x, y)
+    check(lambda x: torch.rsub(x, 3.0), x)
+    check(lambda a, b: torch.vdot(a, b), rnd(6), rnd(6, seed=1))
+    check(lambda x: torch.round(x * 100, decimals=-1), x)
+    check(lambda x: torch.round(x, decimals=2), x)
+    check(lambda x: x.unfold(1, 2, 1) * 1.0, x)  # backward is unfold_backward
+    check(lambda x: x.unfold(0, 3, 2) * 1.0, x)
+    check(lambda x: torch.renorm(x, 2, 0, 1.0), x)
+    check(lambda x: torch.renorm(x, 1, 1, 0.5), x)
+    with torch_pjrt.fallback_mode("error"):
+        assert torch.equal(x.to(DEV), x.to(DEV)) and not torch.equal(x.to(DEV), y.to(DEV))
+        assert_close(torch.triu_indices(4, 5, 1, device=DEV), torch.triu_indices(4, 5, 1))
+        assert_close(torch.tril_indices(5, 3, -1, device=DEV), torch.tril_indices(5, 3, -1))
+    idx = ints(4, 3, high=5, seed=2)
+    check(lambda x, s: x.scatter(1, idx.to(x.device), s, reduce="add"), x, rnd(4, 3, seed=3), grad=False)
+    check(lambda x: x.scatter(1, idx.to(x.device), 2.0, reduce="multiply"), x, grad=False)
+    for reduce in ("prod", "mean", "amax", "amin"):
+        check(lambda x, s: x.index_reduce(0, torch.tensor([1, 3, 1], device=x.device), s, reduce), x, rnd(3, 5, seed=4),
+              grad=reduce == "mean")
+
+
+def test_normal_tensor_params() -> None:
+    torch.manual_seed(0)
+    mean = torch.linspace(-5, 5, 10).repeat(2000, 1)
+    with torch_pjrt.fallback_mode("error"):
+        a = torch.normal(mean.to(DEV), 0.5).cpu()
+        b = torch.normal(mean.to(DEV), torch.full((10,), 2.0, device=DEV)).cpu()
+        c = torch.normal(1.0, torch.full((20000,), 3.0, device=DEV)).cpu()
+    torch.testing.assert_close(a.mean(0), mean[0], atol=0.05, rtol=0)
+    torch.testing.assert_close(b.std(0), torch.full((10,), 2.0), atol=0.1, rtol=0)
+    assert abs(c.mean().item() - 1.0) < 0.1 and abs(c.std().item() - 3.0) < 0.1
+
+
+def test_conversions_and_integer_rounding() -> None:
+    x = torch.tensor([-3.7, -0.2, 255.9, 256.5, 1000.25, 3.5])
+    check(lambda x: x.to(torch.uint8), x, grad=False)
+    i = torch.tensor([[-3, 4], [7, 0]])
+    for fn in (torch.floor, torch.ceil, torch.round, torch.trunc, torch.isfinite):
+        check(fn, i, grad=False)
+    check(lambda x, lo, hi: torch.clamp(x, lo, hi), rnd(5), rnd(3, 5, seed=1) - 1, rnd(3, 5, seed=2) + 1)
+    check(lambda x, lo: torch.clamp_min(x, lo), rnd(5), rnd(2, 5, seed=1))
+    check(lambda x: x.gather(1, torch.tensor([[0, 2], [1, 1]], dtype=torch.int32, device=x.device)), rnd(2, 3))
