@@ -10,6 +10,10 @@ cd "$(dirname "$0")/.."
 if [ "${SKIP_SETUP:-0}" != 1 ]; then
   bash scripts/setup.sh
 fi
-# A fresh compile cache, so the whole-run time in the report is the cold one.
-export TORCH_PJRT_CACHE_DIR="${TORCH_PJRT_CACHE_DIR:-$(mktemp -d)}"
+# A fresh compile cache (removed afterwards), so the whole-run time in the report is the cold one.
+if [ -z "${TORCH_PJRT_CACHE_DIR:-}" ]; then
+  TORCH_PJRT_CACHE_DIR=$(mktemp -d)
+  trap 'rm -rf "$TORCH_PJRT_CACHE_DIR"' EXIT
+  export TORCH_PJRT_CACHE_DIR
+fi
 .venv/bin/python -m torch_pjrt.tools.conformance --all --write-report "$@"

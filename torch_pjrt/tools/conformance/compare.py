@@ -83,7 +83,10 @@ def assert_matches(actual: Any, expected: Any, device_type: str, *, values: bool
 # Ops whose index outputs are not unique when the input has equal elements: there, any
 # index of an equal element is right (unless stable=True is asked for). Name -> (position
 # of `dim` among the positional arguments after the input, position of the indices output).
-_TIED_INDEX_OPS: dict[str, tuple[int, int]] = {"sort": (0, 1), "argsort": (0, 0), "topk": (1, 1)}
+_TIED_INDEX_OPS: dict[str, tuple[int, int]] = {
+    "sort": (0, 1), "argsort": (0, 0), "topk": (1, 1), "kthvalue": (1, 1), "median": (0, 1), "nanmedian": (0, 1),
+    "mode": (0, 1),
+}
 
 
 def tied_indices_equivalent(op_name: str, inp: Any, args: tuple, kwargs: dict, actual: Any, expected: Any) -> bool:
@@ -107,7 +110,10 @@ def tied_indices_equivalent(op_name: str, inp: Any, args: tuple, kwargs: dict, a
             if i == indices_at:  # compare the elements the indices select
                 if values.dim() == 0:
                     return False
-                x, y = values.gather(dim, x), values.gather(dim, y)
+                if x.dim() == values.dim() - 1:  # keepdim=False
+                    x, y = values.gather(dim, x.unsqueeze(dim)), values.gather(dim, y.unsqueeze(dim))
+                else:
+                    x, y = values.gather(dim, x), values.gather(dim, y)
             tol = tolerance(y.dtype)
             torch.testing.assert_close(x, y, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
         return True

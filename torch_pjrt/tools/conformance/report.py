@@ -9,6 +9,7 @@ from typing import Any
 from . import settings
 from .records import PHASES
 from .summary import (
+    FAILS,
     NATIVE,
     OUTCOME_DEFINITIONS,
     SHORT_DTYPE,
@@ -30,6 +31,9 @@ def _pct(d: dict[str, Any]) -> str:
 def build(summaries: list[OpSummary], run_info: dict[str, Any]) -> dict[str, Any]:
     """The whole report as one JSON-able dict."""
     native = [s for s in summaries if s.status == NATIVE]
+    # Ops that fail every forward sample without touching the fallback are "fails", not
+    # "native"; the rates are given with them too, so the native rates cannot flatter.
+    no_fallback = [s for s in summaries if s.status in (NATIVE, FAILS) and s.runs and not s.runs_with_fallback]
     dispatcher = run_info.get("native") or dispatcher_native_ops()
     headline = {
         "native_aten_registrations": dispatcher["aten_registrations"],
@@ -39,6 +43,9 @@ def build(summaries: list[OpSummary], run_info: dict[str, Any]) -> dict[str, Any
         "status_counts": {st: sum(1 for s in summaries if s.status == st) for st in STATUSES},
         "native_float32_forward": pass_rate(native, "forward"),
         "native_float32_backward": pass_rate(native, "backward"),
+        "no_fallback_ops": len(no_fallback),
+        "no_fallback_float32_forward": pass_rate(no_fallback, "forward"),
+        "no_fallback_float32_backward": pass_rate(no_fallback, "backward"),
         "all_float32_forward": pass_rate(summaries, "forward"),
         "all_float32_backward": pass_rate(summaries, "backward"),
         "all_dtypes_forward": pass_rate(summaries, "forward", float32_only=False),
@@ -93,6 +100,9 @@ def markdown(report: dict[str, Any], summaries: list[OpSummary]) -> str:
     w(f"- {head['opinfos_run']} OpInfos (with variants) run: " + ", ".join(f"{sc[s]} {s}" for s in STATUSES if sc[s]) + ".")
     w(f"- Over the ops reported **native**: float32 forward samples pass **{_pct(head['native_float32_forward'])}**, "
       f"float32 backward samples pass **{_pct(head['native_float32_backward'])}**.")
+    w(f"- Counting also the ops that fail without any fallback ({head['no_fallback_ops']} ops with no CPU fallback "
+      f"in all): float32 forward {_pct(head['no_fallback_float32_forward'])}, backward "
+      f"{_pct(head['no_fallback_float32_backward'])}.")
     w(f"- Over all ops run: float32 forward {_pct(head['all_float32_forward'])}, float32 backward "
       f"{_pct(head['all_float32_backward'])}, forward over all dtypes {_pct(head['all_dtypes_forward'])}.")
     w(f"- Whole run: **{run['wall_seconds'] / 60:.1f} min** wall time on {run['machine']}, "

@@ -108,7 +108,11 @@ def _noncontig_on(device: torch.device) -> Callable[[Any], Any]:
     def copy(x: Any) -> Any:
         if isinstance(x, torch.Tensor):
             base = x._base
-            if base is not None and not x.is_contiguous() and tuple(base.shape) == tuple(x.shape) + (2,):
+            if (base is not None and tuple(base.shape) == tuple(x.shape) + (2,)
+                    and tuple(x.stride()) == tuple(base.stride()[:-1])
+                    and x.storage_offset() == base.storage_offset() + base.stride(-1)):
+                # x is base[..., 1] (noncontiguous_like): the same layout on the device, even
+                # where is_contiguous() cannot tell (size-1 dims), for ops that read storage.
                 return base.detach().to(device)[..., 1]
             return x.detach().to(device)
         return _copier(device, grad=False)(x)

@@ -215,16 +215,20 @@ class Supervisor:
                     if w.fd in readable:
                         messages, eof = w.read()
                         for msg in messages:
+                            if msg.get("type") == "ready":
+                                failed_starts = 0
                             if self._handle(w, msg):
                                 finished += 1
                                 self._report(w, finished, total)
                         if eof:
                             code = w.stop(kill=True)
                             if w.job is None and not w.ready:
+                                # E.g. the extension is being rewritten by a build: wait and retry.
                                 failed_starts += 1
-                                if failed_starts >= 3:
+                                if failed_starts >= 6:
                                     raise RuntimeError(
                                         f"conformance worker failed to start ({_exit_detail(code)}):\n{_tail(w.log_path)}")
+                                time.sleep(5 * failed_starts)
                             elif w.job is not None:
                                 done = self._abort(w, "crashed", _exit_detail(code), queue)
                                 finished += done
@@ -240,7 +244,7 @@ class Supervisor:
                         else:
                             w.stop(kill=True)
                             failed_starts += 1
-                            if failed_starts >= 3:
+                            if failed_starts >= 6:
                                 raise RuntimeError("conformance worker did not start within 120 s")
                         w.start()
         finally:
