@@ -220,6 +220,16 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
   OpBuilder op("aten::scatter_reduce");
   auto& b = op.b();
   Value x = op.input(self), idx = op.input(index), s = op.input(src);
+  if (self.dim() == 0) {
+    // A 0-d self is a 1-element vector; its index and source must be (at most) one element too.
+    TORCH_CHECK(index.numel() <= 1 && src.numel() >= index.numel(), "scatter_reduce(): index ", index.sizes(),
+                " does not fit a 0-d self");
+    x = b.reshape(x, {1});
+    idx = b.reshape(idx, {index.numel()});
+    s = b.reshape(b.slice(b.reshape(s, {src.numel()}), {0}, {index.numel()}, {1}), {index.numel()});
+  } else {
+    TORCH_CHECK(index.dim() == self.dim(), "scatter_reduce(): Index tensor must have the same number of dimensions as self tensor");
+  }
   if (index.numel() == 0) return finish(op, x, self.scalar_type(), into);
   op.check_flag(L::index_out_of_range(b, idx, size), "index out of range in aten::scatter_reduce (size " + std::to_string(size) + ")");
   DType dt = b.dtype(x);
@@ -241,6 +251,7 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
     count = b.binary("maximum", count, b.scalar_like(count, 1));
     out = ir::is_floating(dt) ? b.binary("divide", out, count) : L::binary(b, "div_floor", out, count, dt, dt);
   }
+  if (self.dim() == 0) out = b.reshape(out, {});
   return finish(op, out, self.scalar_type(), into);
 }
 at::Tensor scatter_reduce_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
@@ -459,6 +470,47 @@ at::Tensor count_nonzero_fn(const at::Tensor& self, c10::IntArrayRef dims) {
   Value x = op.input(self);
   Value nz = b.convert(b.compare(x, b.scalar_like(x, 0), "NE"), DType::S64);
   return finish(op, L::sum(b, nz, reduction_dims(self, dims), false, DType::S64), at::kLong, nullptr);
+}
+
+// mode along dim: the most frequent value (the smallest among equally frequent ones) and the
+// index of its last occurrence, like the CPU kernel. O(n^2) comparisons per row.
+std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, bool keepdim) {
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  TORCH_CHECK(self.dim() == 0 || self.size(d) > 0, "mode(): Expected reduction dim ", d, " to have non-zero size.");
+  OpBuilder op("aten::mode");
+  auto& b = op.b();
+  Value x = op.input(self);
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  // Move dim last: [R, n].
+  auto xd = b.dims(x);
+  int64_t rank = static_cast<int64_t>(xd.size()), n = xd[d];
+  std::vector<int64_t> perm;
+  for (int64_t i = 0; i < rank; ++i) {
+    if (i != d) perm.push_back(i);
+  }
+  perm.push_back(d);
+  Value xt = b.transpose(x, perm);
+  std::vector<int64_t> rest(b.dims(xt).begin(), b.dims(xt).end() - 1);
+  int64_t rows = 1;
+  for (int64_t r : rest) rows *= r;
+  Value flat = b.reshape(xt, {rows, n});
+  Value eq = b.compare(b.broadcast_in_dim(flat, {rows, n, n}, {0, 1}), b.broadcast_in_dim(flat, {rows, n, n}, {0, 2}), "EQ");
+  Value count = L::sum(b, b.convert(eq, DType::S64), {2}, false, DType::S64);  // [rows, n]
+  Value best = b.broadcast_in_dim(L::amax(b, count, {1}, false, true), {rows, n}, {0});
+  Value candidate = b.compare(count, best, "EQ");
+  Value value = L::amax(b, b.select(candidate, flat, L::highest(b, b.dtype(flat), {rows, n})), {1}, false, false);
+  Value at_value = b.compare(flat, b.broadcast_in_dim(value, {rows, n}, {0}), "EQ");
+  Value pos = b.select(at_value, b.iota(DType::S64, {rows, n}, 1), b.constant_int(DType::S64, -1, {rows, n}));
+  Value index = L::amax(b, pos, {1}, false, true);
+  std::vector<int64_t> shape = vec(self.sizes());
+  if (self.dim() > 0) {
+    if (keepdim) shape[d] = 1;
+    else shape.erase(shape.begin() + d);
+  }
+  at::Tensor values = op.output(b.reshape(value, shape), self.scalar_type());
+  at::Tensor indices = op.output(b.reshape(index, shape), at::kLong);
+  op.run();
+  return {values, indices};
 }
 
 at::Tensor trace_fn(const at::Tensor& self) {
@@ -1124,6 +1176,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("aminmax", aminmax_fn);
   m.impl("count_nonzero.dim_IntList", count_nonzero_fn);
   m.impl("trace", trace_fn);
+  m.impl("mode", mode_fn);
 
   m.impl("addbmm", addbmm_fn);
   m.impl("addbmm.out", addbmm_out);

@@ -1161,7 +1161,7 @@ MarginTerms margin_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor
                          const std::optional<at::Tensor>& weight) {
   auto& b = op.b();
   ir::DType dt = L::accumulate_type(to_ir(self.scalar_type()));
-  int64_t c = self.size(-1), n = self.dim() == 2 ? self.size(0) : 1;
+  int64_t c = self.dim() == 0 ? 1 : self.size(-1), n = self.dim() == 2 ? self.size(0) : 1;
   Value x = b.reshape(b.convert(op.input(self), dt), {n, c});
   Value y = b.reshape(b.convert(op.input(target), ir::DType::S64), {n});
   op.check_flag(L::index_out_of_range(b, y, c), "target out of bounds in aten::multi_margin_loss (classes " + std::to_string(c) + ")");
@@ -1181,7 +1181,8 @@ MarginTerms margin_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor
 at::Tensor multi_margin_fn(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p,
                            const at::Scalar& margin, const std::optional<at::Tensor>& weight, int64_t reduction) {
   TORCH_CHECK(p.toLong() == 1 || p.toLong() == 2, "multi_margin_loss: only p == 1 and p == 2 supported");
-  TORCH_CHECK(self.dim() <= 2 && self.numel() > 0, "multi_margin_loss: expected non-empty vector or matrix, got ", self.sizes());
+  TORCH_CHECK(self.dim() <= 2 && self.numel() > 0, "multi_margin_loss: expected a non-empty scalar, vector or matrix, got ",
+              self.sizes());
   OpBuilder op("aten::multi_margin_loss");
   auto& b = op.b();
   auto t = margin_terms(op, self, target, margin, weight);

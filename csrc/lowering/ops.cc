@@ -710,9 +710,21 @@ Value coordinates(Builder& b, Value index, int64_t dim, int64_t size) {
 }
 }  // namespace
 
+namespace {
+// Index tensors of gather/scatter must match the operand's rank (callers turn 0-d into 1-d).
+void check_same_rank(Builder& b, Value x, int64_t dim, Value index, const char* what) {
+  int64_t rank = static_cast<int64_t>(b.dims(x).size());
+  if (static_cast<int64_t>(b.dims(index).size()) != rank || (rank > 0 && (dim < 0 || dim >= rank))) {
+    throw std::invalid_argument(std::string(what) + ": index rank " + std::to_string(b.dims(index).size()) +
+                                " / dim " + std::to_string(dim) + " do not fit an operand of rank " + std::to_string(rank));
+  }
+}
+}  // namespace
+
 Value gather(Builder& b, Value x, int64_t dim, Value index) {
   auto shape = b.dims(index);
   int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank > 0) check_same_rank(b, x, dim, index, "gather");
   if (rank == 0) {
     return b.reshape(gather(b, b.reshape(x, {1}), 0, b.reshape(index, {1})), {});
   }
@@ -725,6 +737,7 @@ Value gather(Builder& b, Value x, int64_t dim, Value index) {
 Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce) {
   auto shape = b.dims(index);
   int64_t rank = static_cast<int64_t>(shape.size());
+  if (rank > 0) check_same_rank(b, x, dim, index, "scatter");
   if (rank == 0) {
     Value r = scatter(b, b.reshape(x, {1}), 0, b.reshape(index, {1}), b.reshape(src, {1}), reduce);
     return b.reshape(r, {});

@@ -182,3 +182,16 @@ def test_conversions_and_integer_rounding() -> None:
     check(lambda x, lo, hi: torch.clamp(x, lo, hi), rnd(5), rnd(3, 5, seed=1) - 1, rnd(3, 5, seed=2) + 1)
     check(lambda x, lo: torch.clamp_min(x, lo), rnd(5), rnd(2, 5, seed=1))
     check(lambda x: x.gather(1, torch.tensor([[0, 2], [1, 1]], dtype=torch.int32, device=x.device)), rnd(2, 3))
+
+
+def test_mode_and_zero_dim_scatters() -> None:
+    x = torch.tensor([[1, 3, 3, 2, 1, 1, 3], [5, 5, 4, 4, 7, 4, 5]])
+    check(lambda x: torch.mode(x, 1), x, grad=False)
+    check(lambda x: torch.mode(x, 0, keepdim=True), x, grad=False)
+    check(lambda x: torch.mode(x, 1), rnd(3, 6).round(), grad=False)
+    s = torch.tensor(2.5)
+    check(lambda s: s.index_reduce(0, torch.tensor([0], device=s.device), torch.tensor(4.0, device=s.device), "prod"), s,
+          grad=False)
+    check(lambda s: s.scatter_reduce(0, torch.tensor(0, device=s.device), torch.tensor(7.0, device=s.device), "amax"), s,
+          grad=False)
+    check(lambda x: F.multi_margin_loss(x, torch.tensor(0, device=x.device)), torch.tensor(0.3))
