@@ -238,6 +238,14 @@ at::Tensor polygamma_impl(int64_t n, const at::Tensor& self, const at::Tensor* i
   ir::DType acc = L::accumulate_type(to_ir(out));
   Value x = b.convert(op.input(self), acc);
   Value r = n == 0 ? b.unary("chlo.digamma", x) : b.binary("chlo.polygamma", b.scalar_like(x, static_cast<double>(n)), x);
+  if (n == 1) {
+    // XLA's trigamma is inaccurate for negative x: reflect, psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x).
+    Value one_minus = b.binary("subtract", b.scalar_like(x, 1), x);
+    Value sin_pi = b.unary("sine", b.binary("multiply", x, b.scalar_like(x, M_PI)));
+    Value reflected = b.binary("subtract", b.binary("divide", b.scalar_like(x, M_PI * M_PI), b.binary("multiply", sin_pi, sin_pi)),
+                               b.binary("chlo.polygamma", b.scalar_like(x, 1), one_minus));
+    r = b.select(b.compare(x, b.scalar_like(x, 0), "LT"), reflected, r);
+  }
   return finish(op, b.convert(r, to_ir(out)), out, into);
 }
 at::Tensor polygamma_fn(int64_t n, const at::Tensor& s) { return polygamma_impl(n, s, nullptr); }
