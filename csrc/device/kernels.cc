@@ -1103,6 +1103,7 @@ at::Tensor embedding_backward_fn(const at::Tensor& grad, const at::Tensor& indic
 }
 
 at::Tensor gather_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* into) {
+  if (index.numel() == 0 && !into) return at::empty(index.sizes(), self.options());  // any index dtype, like CPU
   TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
               "gather(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
@@ -1390,10 +1391,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fn(const at::Tensor& i
   if (has_w) w = op.input(*weight);
   if (has_b) bb = op.input(*bias);
   auto r = L::layer_norm(op.b(), op.input(input), has_w ? &w : nullptr, has_b ? &bb : nullptr, k, eps);
-  at::ScalarType stat = at::isReducedFloatingType(input.scalar_type()) ? at::kFloat : input.scalar_type();
+  // Statistics are returned in the input's dtype, as on CPU (computed in f32 for bf16/f16).
+  at::ScalarType stat = input.scalar_type();
   at::Tensor out = op.output(r[0], input.scalar_type());
-  at::Tensor mean = op.output(r[1], stat);
-  at::Tensor rstd = op.output(r[2], stat);
+  at::Tensor mean = op.output(op.b().convert(r[1], to_ir(stat)), stat);
+  at::Tensor rstd = op.output(op.b().convert(r[2], to_ir(stat)), stat);
   op.run();
   return {out, mean, rstd};
 }

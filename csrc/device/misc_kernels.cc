@@ -513,6 +513,16 @@ std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, 
   return {values, indices};
 }
 
+std::tuple<at::Tensor&, at::Tensor&> mode_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
+                                              at::Tensor& indices) {
+  auto [v, i] = mode_fn(self, dim, keepdim);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+  return {values, indices};
+}
+
 at::Tensor trace_fn(const at::Tensor& self) {
   TORCH_CHECK(self.dim() == 2, "trace: expected a matrix, but got tensor with dim ", self.dim());
   OpBuilder op("aten::trace");
@@ -1177,6 +1187,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("count_nonzero.dim_IntList", count_nonzero_fn);
   m.impl("trace", trace_fn);
   m.impl("mode", mode_fn);
+  m.impl("mode.values", mode_out);
 
   m.impl("addbmm", addbmm_fn);
   m.impl("addbmm.out", addbmm_out);

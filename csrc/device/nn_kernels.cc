@@ -990,7 +990,10 @@ std::tuple<at::Tensor, at::Tensor> median_impl(const at::Tensor& self, int64_t d
   }
   Value v = L::gather(b, sorted[0], d, pos), i = L::gather(b, sorted[1], d, pos);
   std::vector<int64_t> shape = vec(self.sizes());
-  if (!keepdim && self.dim() > 0) shape.erase(shape.begin() + d);
+  if (self.dim() > 0) {
+    if (keepdim) shape[d] = 1;
+    else shape.erase(shape.begin() + d);
+  }
   at::Tensor values = op.output(b.reshape(v, shape), self.scalar_type());
   at::Tensor indices = op.output(b.reshape(i, shape), at::kLong);
   op.run();

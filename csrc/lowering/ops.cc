@@ -383,6 +383,13 @@ Value unary(Builder& b, const std::string& name, Value x, DType compute, DType o
   auto it = unary_table().find(name);
   if (it == unary_table().end()) throw std::invalid_argument("no lowering for unary op " + name);
   if (!ir::is_floating(compute)) {
+    // Integers and bools: sign of bool/unsigned is "non-zero"; nothing is infinite or NaN.
+    if ((name == "sign" || name == "sgn") && (compute == DType::Pred || ir::is_unsigned_int(compute))) {
+      return b.convert(b.compare(x, b.scalar_like(x, 0), "NE"), out);
+    }
+    if (name == "isinf" || name == "isposinf" || name == "isneginf" || name == "isnan") {
+      return b.convert(b.constant_int(DType::Pred, 0, b.dims(x)), out);
+    }
     // Rounding is the identity on integers, and every integer is finite.
     if (name == "floor" || name == "ceil" || name == "round" || name == "trunc") return b.convert(x, out);
     if (name == "isfinite") return b.convert(b.constant_int(DType::Pred, 1, b.dims(x)), out);

@@ -195,3 +195,16 @@ def test_mode_and_zero_dim_scatters() -> None:
     check(lambda s: s.scatter_reduce(0, torch.tensor(0, device=s.device), torch.tensor(7.0, device=s.device), "amax"), s,
           grad=False)
     check(lambda x: F.multi_margin_loss(x, torch.tensor(0, device=x.device)), torch.tensor(0.3))
+
+
+def test_integer_and_bool_predicates() -> None:
+    b = torch.tensor([True, False, True])
+    u = torch.tensor([3, 0, 255], dtype=torch.uint8)
+    i = torch.tensor([-4, 0, 7])
+    for t in (b, u, i):
+        for fn in (torch.sign, torch.sgn, torch.isinf, torch.isposinf, torch.isneginf, torch.isnan):
+            check(fn, t, grad=False)
+    check(lambda x: torch.median(x, 1, keepdim=True), rnd(3, 5))
+    check(lambda x: torch.nanmedian(x, 0, keepdim=True), rnd(3, 5))
+    check(lambda x: torch.gather(x, 1, torch.empty(2, 0, dtype=torch.uint8, device=x.device)), rnd(2, 3), grad=False)
+    check(lambda x: torch.native_layer_norm(x, [3], None, None, 1e-5), rnd(2, 3).bfloat16(), grad=False)
