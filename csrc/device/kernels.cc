@@ -1131,6 +1131,12 @@ at::Tensor& gather_out(const at::Tensor& s, int64_t d, const at::Tensor& i, bool
 
 at::Tensor scatter_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                         const std::string& reduce, const at::Tensor* into) {
+  if (index.numel() == 0) {
+    // Nothing to scatter (any index dtype, as on CPU): self unchanged.
+    if (!into) return self.clone();
+    if (!into->is_same(self)) into->copy_(self);
+    return *into;
+  }
   TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, "scatter(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   OpBuilder op(reduce.empty() ? "aten::scatter" : "aten::scatter_" + reduce);
