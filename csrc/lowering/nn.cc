@@ -439,13 +439,16 @@ std::vector<int64_t> nearest_indices(int64_t in, int64_t out, double scale, bool
   return idx;
 }
 
+namespace {
+// Source-per-output scale of linear/cubic resampling, in float like torch's CPU kernels.
+float area_scale(int64_t in, int64_t out, bool align_corners, double scale) {
+  if (align_corners) return out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
+  return scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
+}
+}  // namespace
+
 std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, double scale) {
-  float s;
-  if (align_corners) {
-    s = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
-  } else {
-    s = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
-  }
+  float s = area_scale(in, out, align_corners, scale);
   std::vector<double> m(out * in, 0.0);
   for (int64_t o = 0; o < out; ++o) {
     // torch's CPU kernel evaluates scale * (o + 0.5) - 0.5 as one fused multiply-add in float.
@@ -461,12 +464,7 @@ std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, 
 }
 
 std::vector<double> cubic_weights(int64_t in, int64_t out, bool align_corners, double scale) {
-  float s;
-  if (align_corners) {
-    s = out > 1 ? static_cast<float>(in - 1) / static_cast<float>(out - 1) : 0.0f;
-  } else {
-    s = scale > 0 ? static_cast<float>(1.0 / scale) : static_cast<float>(in) / static_cast<float>(out);
-  }
+  float s = area_scale(in, out, align_corners, scale);
   constexpr double A = -0.75;  // torch's cubic convolution coefficient
   auto near = [](double x) { return ((A + 2) * x - (A + 3)) * x * x + 1; };
   auto far = [](double x) { return ((A * x - 5 * A) * x + 8 * A) * x - 4 * A; };
