@@ -835,28 +835,21 @@ at::Tensor scan_fn(const char* name, const at::Tensor& self, int64_t dim, std::o
   if (self.dim() == 0) r = b.reshape(r, {});
   return finish(op, b.convert(r, to_ir(out)), out, into);
 }
-at::Tensor cumsum_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
-  return scan_fn("cumsum", s, d, t, "sum", nullptr);
-}
-at::Tensor& cumsum_out(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t, at::Tensor& out) {
-  scan_fn("cumsum", s, d, t, "sum", &out);
-  return out;
-}
-at::Tensor& cumsum_inplace(at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
-  scan_fn("cumsum", s, d, t, "sum", &s);
-  return s;
-}
-at::Tensor cumprod_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
-  return scan_fn("cumprod", s, d, t, "prod", nullptr);
-}
-at::Tensor& cumprod_out(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t, at::Tensor& out) {
-  scan_fn("cumprod", s, d, t, "prod", &out);
-  return out;
-}
-at::Tensor& cumprod_inplace(at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {
-  scan_fn("cumprod", s, d, t, "prod", &s);
-  return s;
-}
+#define SCAN_KERNELS(NAME, KIND)                                                                       \
+  at::Tensor NAME##_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {                 \
+    return scan_fn(#NAME, s, d, t, KIND, nullptr);                                                        \
+  }                                                                                                       \
+  at::Tensor& NAME##_out(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> t, at::Tensor& o) { \
+    scan_fn(#NAME, s, d, t, KIND, &o);                                                                    \
+    return o;                                                                                             \
+  }                                                                                                       \
+  at::Tensor& NAME##_inplace(at::Tensor& s, int64_t d, std::optional<at::ScalarType> t) {                 \
+    scan_fn(#NAME, s, d, t, KIND, &s);                                                                    \
+    return s;                                                                                             \
+  }
+SCAN_KERNELS(cumsum, "sum")
+SCAN_KERNELS(cumprod, "prod")
+#undef SCAN_KERNELS
 at::Tensor logcumsumexp_fn(const at::Tensor& s, int64_t d) {
   return scan_fn("logcumsumexp", s, d, std::nullopt, "logsumexp", nullptr);
 }

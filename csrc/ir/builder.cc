@@ -297,14 +297,19 @@ Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
   return g_.add("stablehlo.dot_general", {a, b}, Type{result, out}, dn);
 }
 
-std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
-                                   const std::vector<int64_t>& rdims, const ReduceBody& body) {
+std::shared_ptr<Graph> Builder::combiner_region(const std::vector<Value>& inputs, const ReduceBody& body) {
   auto region = std::make_shared<Graph>();
   Builder rb(*region);
   std::vector<Value> lhs, rhs;
   for (Value v : inputs) lhs.push_back(region->param(Type{dtype(v), {}}));
   for (Value v : inputs) rhs.push_back(region->param(Type{dtype(v), {}}));
   region->set_outputs(body(rb, lhs, rhs));
+  return region;
+}
+
+std::vector<Value> Builder::reduce(const std::vector<Value>& inputs, const std::vector<Value>& inits,
+                                   const std::vector<int64_t>& rdims, const ReduceBody& body) {
+  auto region = combiner_region(inputs, body);
   std::vector<int64_t> out;
   const auto& in = dims(inputs[0]);
   for (int64_t d = 0; d < static_cast<int64_t>(in.size()); ++d) {
@@ -348,12 +353,7 @@ Value Builder::convolution(Value lhs, Value rhs, const std::string& dimension_nu
 
 std::vector<Value> Builder::reduce_window(const std::vector<Value>& inputs, const std::vector<Value>& inits,
                                           const Window& w, const ReduceBody& body) {
-  auto region = std::make_shared<Graph>();
-  Builder rb(*region);
-  std::vector<Value> lhs, rhs;
-  for (Value v : inputs) lhs.push_back(region->param(Type{dtype(v), {}}));
-  for (Value v : inputs) rhs.push_back(region->param(Type{dtype(v), {}}));
-  region->set_outputs(body(rb, lhs, rhs));
+  auto region = combiner_region(inputs, body);
   const auto& in = dims(inputs[0]);
   size_t r = in.size();
   auto get = [r](const std::vector<int64_t>& v, size_t i) { return v.empty() ? int64_t{1} : v[i]; };

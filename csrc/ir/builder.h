@@ -105,6 +105,8 @@ class Builder {
   Value scalar_like(Value like, double value);  // splat constant of like's dtype and shape
 
  private:
+  // The scalar (lhs..., rhs...) -> results region of reduce and reduce_window.
+  std::shared_ptr<Graph> combiner_region(const std::vector<Value>& inputs, const ReduceBody& body);
   Graph& g_;
 };
 

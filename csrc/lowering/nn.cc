@@ -500,14 +500,23 @@ std::vector<int64_t> replicate_indices(int64_t in, int64_t low, int64_t high) {
 
 // ---------------------------------------------------------------- normalization
 
+namespace {
+// Every dim but the channel dim 1, and how many elements each channel reduces over.
+std::vector<int64_t> per_channel_dims(const std::vector<int64_t>& xd, int64_t* count) {
+  std::vector<int64_t> rdims{0};
+  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) rdims.push_back(i);
+  *count = 1;
+  for (int64_t d : rdims) *count *= xd[d];
+  return rdims;
+}
+}  // namespace
+
 std::vector<Value> batch_norm(Builder& b, Value x, const Value* weight, const Value* bias, const Value* running_mean,
                               const Value* running_var, bool training, double momentum, double eps) {
   DType dt = b.dtype(x), acc = accumulate_type(dt);
   std::vector<int64_t> xd = b.dims(x);
-  std::vector<int64_t> rdims{0};
-  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) rdims.push_back(i);
-  int64_t n = 1;
-  for (int64_t d : rdims) n *= xd[d];
+  int64_t n = 0;
+  std::vector<int64_t> rdims = per_channel_dims(xd, &n);
   Value xf = b.convert(x, acc);
   Value mean, invstd, var;
   std::vector<Value> extra;
@@ -547,10 +556,8 @@ std::vector<Value> batch_norm_backward(Builder& b, Value grad, Value x, const Va
                                        bool training) {
   DType dt = b.dtype(x), acc = accumulate_type(dt);
   std::vector<int64_t> xd = b.dims(x);
-  std::vector<int64_t> rdims{0};
-  for (int64_t i = 2; i < static_cast<int64_t>(xd.size()); ++i) rdims.push_back(i);
-  int64_t n = 1;
-  for (int64_t d : rdims) n *= xd[d];
+  int64_t n = 0;
+  std::vector<int64_t> rdims = per_channel_dims(xd, &n);
   Value g = b.convert(grad, acc), xf = b.convert(x, acc);
   mean = b.convert(mean, acc);
   invstd = b.convert(invstd, acc);

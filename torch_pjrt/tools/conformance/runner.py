@@ -259,25 +259,10 @@ class OpRunner:
         actual = None
         if "forward" in self.phases or grad:
             dev_in, dev_args, dev_kwargs = _map_sample(sample, _copier(self.device, grad))
-            before = _fallback_counts()
-            t0 = time.perf_counter()
-            fallbacks: list[str] = []
-            try:
-                with self._default_device(sample):
-                    actual = op(dev_in, *dev_args, **dev_kwargs)
-                fallbacks = _new_fallbacks(before)
-                assert_matches(process(actual), process(expected), self.device.type, values=self.values)
-                _sync()
-                outcome, msg = PASS, ""
-            except Mismatch as exc:
-                outcome, msg = FAIL, str(exc)
-                if tied_indices_equivalent(op.name, cpu_in, cpu_args, cpu_kwargs, actual, expected):
-                    outcome, msg = PASS, ""
-            except Exception as exc:
-                fallbacks = fallbacks or _new_fallbacks(before)
-                outcome, msg = ERROR, _error_message(exc)
+            actual, outcome, msg, fallbacks, seconds = self._compare_on_device(
+                sample, (cpu_in, cpu_args, cpu_kwargs), (dev_in, dev_args, dev_kwargs), expected)
             if "forward" in self.phases:
-                self._result(dtype, "forward", index, outcome, msg, fallbacks, time.perf_counter() - t0)
+                self._result(dtype, "forward", index, outcome, msg, fallbacks, seconds)
             if grad:
                 self._begin(dtype, "backward", index)
                 if actual is None or outcome == ERROR:
@@ -292,6 +277,33 @@ class OpRunner:
         if "out" in self.phases and op.supports_out:
             self._begin(dtype, "out", index)
             self._out(sample, dtype, index, _detach(expected))
+
+    def _compare_on_device(self, sample: Any, cpu_sample: tuple, dev_sample: tuple,
+                           expected: Any) -> tuple[Any, str, str, list[str], float]:
+        """Runs the op on the device inputs and compares with the CPU result:
+        (actual or None, outcome, message, ops that fell back, seconds)."""
+        op = self.op
+        process = sample.output_process_fn_grad
+        dev_in, dev_args, dev_kwargs = dev_sample
+        before = _fallback_counts()
+        t0 = time.perf_counter()
+        fallbacks: list[str] = []
+        actual = None
+        try:
+            with self._default_device(sample):
+                actual = op(dev_in, *dev_args, **dev_kwargs)
+            fallbacks = _new_fallbacks(before)
+            assert_matches(process(actual), process(expected), self.device.type, values=self.values)
+            _sync()
+            outcome, msg = PASS, ""
+        except Mismatch as exc:
+            outcome, msg = FAIL, str(exc)
+            if tied_indices_equivalent(op.name, *cpu_sample, actual, expected):
+                outcome, msg = PASS, ""
+        except Exception as exc:
+            fallbacks = fallbacks or _new_fallbacks(before)
+            outcome, msg = ERROR, _error_message(exc)
+        return actual, outcome, msg, fallbacks, time.perf_counter() - t0
 
     def _backward(self, dtype: str, index: int, expected: Any, actual: Any, cpu_sample: tuple, dev_sample: tuple,
                   weights_gen: torch.Generator) -> None:
@@ -350,25 +362,9 @@ class OpRunner:
             self._result(dtype, "noncontiguous", index, SKIP, f"CPU reference raised {_error_message(exc)}")
             return
         dev_in, dev_args, dev_kwargs = _map_sample(_Sample(cpu_in, cpu_args, cpu_kwargs), _noncontig_on(self.device))
-        process = sample.output_process_fn_grad
-        before = _fallback_counts()
-        t0 = time.perf_counter()
-        fallbacks: list[str] = []
-        try:
-            with self._default_device(sample):
-                actual = op(dev_in, *dev_args, **dev_kwargs)
-            fallbacks = _new_fallbacks(before)
-            assert_matches(process(actual), process(expected), self.device.type, values=self.values)
-            _sync()
-            outcome, msg = PASS, ""
-        except Mismatch as exc:
-            outcome, msg = FAIL, str(exc)
-            if tied_indices_equivalent(op.name, cpu_in, cpu_args, cpu_kwargs, actual, expected):
-                outcome, msg = PASS, ""
-        except Exception as exc:
-            fallbacks = fallbacks or _new_fallbacks(before)
-            outcome, msg = ERROR, _error_message(exc)
-        self._result(dtype, "noncontiguous", index, outcome, msg, fallbacks, time.perf_counter() - t0)
+        _, outcome, msg, fallbacks, seconds = self._compare_on_device(
+            sample, (cpu_in, cpu_args, cpu_kwargs), (dev_in, dev_args, dev_kwargs), expected)
+        self._result(dtype, "noncontiguous", index, outcome, msg, fallbacks, seconds)
 
     def _out(self, sample: Any, dtype: str, index: int, expected: Any) -> None:
         op = self.op
