@@ -54,7 +54,27 @@ _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
 
 from .metrics import metrics, metrics_report, reset_metrics  # noqa: E402
-from .modes import debug_mode, eager_mode, fallback_mode, set_eager_mode, set_fallback_mode  # noqa: E402
+from .modes import (  # noqa: E402
+    debug_mode,
+    eager_mode,
+    fallback_mode,
+    fusion_policy,
+    set_eager_mode,
+    set_fallback_mode,
+    set_fusion_policy,
+    sync,
+)
+
+
+def _cut_after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
+    # A training iteration ends here: fused mode runs what it recorded, so each
+    # iteration settles on the same cached programs.
+    _C._flush("optimizer_step")
+
+
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+register_optimizer_step_post_hook(_cut_after_optimizer_step)
 
 
 def device(index: int = 0) -> torch.device:
@@ -63,7 +83,9 @@ def device(index: int = 0) -> torch.device:
 
 
 def synchronize(index: int = -1) -> None:
-    """Waits for all queued work; raises deferred errors (e.g. out-of-range indices)."""
+    """Runs what fused mode recorded, waits for all work enqueued on the device
+    (even work whose results were already freed), and raises deferred errors
+    (e.g. out-of-range indices)."""
     _C._synchronize(index)
 
 
@@ -92,6 +114,7 @@ __all__ = [
     "device",
     "eager_mode",
     "fallback_mode",
+    "fusion_policy",
     "metrics",
     "metrics_report",
     "native_ops",
@@ -99,5 +122,7 @@ __all__ = [
     "reset_metrics",
     "set_eager_mode",
     "set_fallback_mode",
+    "set_fusion_policy",
+    "sync",
     "synchronize",
 ]

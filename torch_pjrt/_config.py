@@ -42,6 +42,15 @@ def configure_from_env() -> None:
     choice = _plugins.choose_plugin()
     devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
     _C._configure(choice.path, devices if choice.name == "cpu" else 0, cache_dir_from_env(), choice.hint)
-    _C._set_eager_mode(os.environ.get("TORCH_PJRT_EAGER_MODE", "strict"))
+    mode = os.environ.get("TORCH_PJRT_EAGER_MODE", "strict").strip().lower() or "strict"
+    if mode not in ("strict", "fused", "debug"):
+        raise ValueError(f"torch_pjrt: TORCH_PJRT_EAGER_MODE must be strict, fused or debug, got {mode!r}")
+    _C._set_eager_mode(mode)
+    _C._set_package_dir(os.path.dirname(os.path.abspath(__file__)) + os.sep)
+    max_ops = os.environ.get("TORCH_PJRT_FUSED_MAX_OPS")
+    if max_ops:
+        policy = _C._fusion_policy()
+        _C._set_fusion_policy(int(max_ops), int(policy["min_loop"]), bool(policy["detect_loops"]),
+                              bool(policy["donate"]))
     _C._set_fallback_mode(os.environ.get("TORCH_PJRT_FALLBACK", "warn"))
     _C._set_fallback_logger(_log_fallback)

@@ -1,4 +1,4 @@
-"""Counters: compiles, cache hits, executions, syncs, transfers, CPU fallbacks."""
+"""Counters: compiles, cache hits, executions, graphs, syncs, transfers, CPU fallbacks."""
 
 from __future__ import annotations
 
@@ -15,6 +15,10 @@ def reset_metrics() -> None:
     _C._reset_metrics()
 
 
+def _per_graph(m: dict[str, Any]) -> str:
+    return f"{m['graph_ops'] / m['graphs']:.1f}" if m["graphs"] else "0"
+
+
 def metrics_report() -> str:
     m = metrics()
     lines = [
@@ -26,7 +30,14 @@ def metrics_report() -> str:
         f"  host syncs          {m['host_syncs']}",
         f"  host->device bytes  {m['host_to_device_bytes']}",
         f"  device->host bytes  {m['device_to_host_bytes']}",
+        f"  ops recorded        {m['ops_recorded']}",
+        f"  graphs run          {m['graphs']} ({_per_graph(m)} ops per graph, at most {m['max_graph_ops']})",
+        f"  graph outputs       {m['graph_outputs']} (pending values dropped unread: {m['dropped_values']})",
+        f"  donated buffers     {m['donated_buffers']}",
     ]
+    reasons = m["flush_reasons"]
+    if reasons:
+        lines.append("  graphs cut by       " + ", ".join(f"{k} {v}" for k, v in sorted(reasons.items())))
     fallbacks = m["fallbacks"]
     total = sum(fallbacks.values())
     lines.append(f"  CPU fallbacks       {total} calls over {len(fallbacks)} ops")

@@ -66,6 +66,7 @@ std::unique_ptr<executor::Runtime>& runtime_slot() {
   return *r;
 }
 std::atomic<int> g_mode{static_cast<int>(EagerMode::Strict)};
+std::atomic<FrameCapture> g_frame_capture{nullptr};
 
 // Rethrows a PJRT error as the matching Python exception, naming the op.
 [[noreturn]] void rethrow(const runtime::PjrtError& e, const std::string& op) {
@@ -78,18 +79,25 @@ std::atomic<int> g_mode{static_cast<int>(EagerMode::Strict)};
   TORCH_CHECK(false, "pjrt: ", op, " failed: ", e.what());
 }
 
-struct Pending {
-  std::mutex mu;
-  std::vector<std::weak_ptr<runtime::Buffer>> buffers;  // produced since the last sync
-  struct Flag {
-    std::shared_ptr<runtime::Buffer> flag;
-    std::string message;
-  };
-  std::vector<Flag> flags;
-};
-Pending& pending() {
-  static Pending p;
-  return p;
+// A program of recorded ops failed: name them, with the lines that recorded them.
+[[noreturn]] void rethrow(const executor::GraphError& e) {
+  std::string ops = e.ops().size() == 1 ? executor::describe_op(e.ops()[0])
+                                        : "a fused graph of " + std::to_string(e.ops().size()) +
+                                              " ops: " + executor::describe_ops(e.ops());
+  if (e.ops().empty()) ops = "an op";
+  if (e.code() == runtime::ErrorCode::kResourceExhausted) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", ops, ": ", e.what());
+  }
+  if (e.code() == runtime::ErrorCode::kUnimplemented) {
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "pjrt: ", ops, ": ", e.what());
+  }
+  TORCH_CHECK(false, "pjrt: ", ops, " failed: ", e.what(), ". Its writes were not applied.");
+}
+
+std::string producer_name(const executor::ProgramOps& ops) {
+  if (!ops || ops->empty()) return "device computation";
+  if (ops->size() == 1) return executor::describe_op((*ops)[0]);
+  return "a fused graph of " + std::to_string(ops->size()) + " ops (" + executor::describe_ops(*ops) + ")";
 }
 }  // namespace
 
@@ -149,29 +157,96 @@ int device_count_or_zero() noexcept {
   }
 }
 
-EagerMode eager_mode() { return static_cast<EagerMode>(g_mode.load()); }
-void set_eager_mode(EagerMode mode) { g_mode = static_cast<int>(mode); }
+EagerMode eager_mode() { return static_cast<EagerMode>(g_mode.load(std::memory_order_relaxed)); }
+
+void set_eager_mode(EagerMode mode) {
+  if (mode != eager_mode() && runtime_ready()) flush_all(executor::FlushReason::ModeChange);
+  g_mode = static_cast<int>(mode);
+}
+
+EagerMode parse_eager_mode(const std::string& name) {
+  if (name == "strict") return EagerMode::Strict;
+  if (name == "fused") return EagerMode::Fused;
+  if (name == "debug") return EagerMode::Debug;
+  TORCH_CHECK_VALUE(false, "pjrt: eager mode must be 'strict', 'fused' or 'debug', got '", name, "'");
+}
+
+const char* eager_mode_name(EagerMode mode) {
+  switch (mode) {
+    case EagerMode::Fused: return "fused";
+    case EagerMode::Debug: return "debug";
+    default: return "strict";
+  }
+}
+
+void set_frame_capture(FrameCapture capture) { g_frame_capture = capture; }
+
+executor::DeviceGraph& graph_of(int device) { return executor::device_graph(rt(), device < 0 ? 0 : device); }
+
+void flush_all(executor::FlushReason reason) {
+  if (!runtime_ready()) return;
+  for (auto* g : executor::device_graphs()) {
+    try {
+      g->flush(reason);
+    } catch (const executor::GraphError& e) {
+      rethrow(e);
+    }
+  }
+}
+
+void materialize(StorageState* st) {
+  if (!st->is_pending()) return;
+  try {
+    graph_of(st->device_index).materialize(st);
+  } catch (const executor::GraphError& e) {
+    rethrow(e);
+  }
+}
+
+void assign(StorageState* st, std::shared_ptr<runtime::Buffer> buffer, std::vector<int64_t> dims, ir::DType dtype) {
+  graph_of(st->device_index).assign(st, std::move(buffer), std::move(dims), dtype, nullptr);
+}
+
+std::shared_ptr<runtime::Buffer> upload(const void* data, DType dtype, const std::vector<int64_t>& dims, int device,
+                                        const char* what) {
+  std::shared_ptr<runtime::Buffer> buf;
+  try {
+    buf = rt().client().buffer_from_host(data, executor::to_pjrt(dtype), dims, rt().device(device));
+  } catch (const runtime::PjrtError& e) {
+    rethrow(e, what);
+  }
+  int64_t bytes = static_cast<int64_t>(ir::dtype_size(dtype));
+  for (int64_t d : dims) bytes *= d;
+  buf->track(&executor::memory_counter(device), bytes);
+  executor::metrics().host_to_device_bytes += bytes;
+  return buf;
+}
 
 // ---------------------------------------------------------------- scalars
 
 std::shared_ptr<runtime::Buffer> device_scalar(int device, DType dtype, const void* bytes) {
+  struct ScalarKey {
+    uint64_t bits;
+    int dtype, device;
+    bool operator==(const ScalarKey& o) const { return bits == o.bits && dtype == o.dtype && device == o.device; }
+  };
+  struct ScalarKeyHash {
+    size_t operator()(const ScalarKey& k) const {
+      return std::hash<uint64_t>()(k.bits * 31 + static_cast<uint64_t>(k.dtype) * 131 + k.device);
+    }
+  };
   static std::mutex mu;
   // Leaked on purpose (see runtime_slot): no PJRT calls during static destruction.
-  static auto& cache = *new std::unordered_map<std::string, std::shared_ptr<runtime::Buffer>>();
-  size_t n = ir::dtype_size(dtype);
-  std::string key(reinterpret_cast<const char*>(bytes), n);
-  key += static_cast<char>(dtype);
-  key += std::to_string(device);
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(key);
-  if (it != cache.end()) return it->second;
-  std::shared_ptr<runtime::Buffer> buf;
-  try {
-    buf = rt().client().buffer_from_host(bytes, executor::to_pjrt(dtype), {}, rt().device(device));
-  } catch (const runtime::PjrtError& e) {
-    rethrow(e, "scalar upload");
+  static auto& cache = *new std::unordered_map<ScalarKey, std::shared_ptr<runtime::Buffer>, ScalarKeyHash>();
+  ScalarKey key{0, static_cast<int>(dtype), device};
+  std::memcpy(&key.bits, bytes, ir::dtype_size(dtype));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return it->second;
   }
-  executor::metrics().host_to_device_bytes += static_cast<int64_t>(n);
+  auto buf = upload(bytes, dtype, {}, device, "scalar upload");
+  std::lock_guard<std::mutex> lock(mu);
   if (cache.size() > 4096) cache.clear();  // bounded; scalars are cheap to re-upload
   cache.emplace(key, buf);
   return buf;
@@ -180,39 +255,43 @@ std::shared_ptr<runtime::Buffer> device_scalar(int device, DType dtype, const vo
 // ---------------------------------------------------------------- sync points
 
 void check_deferred_errors() {
-  std::vector<Pending::Flag> flags;
-  {
-    std::lock_guard<std::mutex> lock(pending().mu);
-    flags.swap(pending().flags);
+  if (!runtime_ready()) return;
+  std::vector<executor::Check> checks;
+  for (auto* g : executor::device_graphs()) {
+    auto c = g->take_checks();
+    checks.insert(checks.end(), std::make_move_iterator(c.begin()), std::make_move_iterator(c.end()));
   }
   std::string first;
-  for (const auto& f : flags) {
+  for (const auto& c : checks) {
     bool bad = false;
     try {
-      f.flag->to_host(&bad, 1);
+      c.flag->to_host(&bad, 1);
     } catch (const runtime::PjrtError& e) {
-      rethrow(e, f.message);
+      rethrow(e, executor::describe_op(c.op));
     }
-    if (bad && first.empty()) first = f.message;
+    if (bad && first.empty()) first = c.op.where ? c.message + " (recorded at " + *c.op.where + ")" : c.message;
   }
   TORCH_CHECK_INDEX(first.empty(), "pjrt: ", first,
                     " (detected at this sync point; the op's writes were not applied)");
 }
 
 void synchronize(int device) {
-  std::vector<std::weak_ptr<runtime::Buffer>> buffers;
-  {
-    std::lock_guard<std::mutex> lock(pending().mu);
-    buffers.swap(pending().buffers);
-  }
+  if (!runtime_ready()) return;
   executor::metrics().host_syncs++;
-  for (auto& w : buffers) {
-    if (auto b = w.lock()) {
-      try {
-        b->await_ready();
-      } catch (const runtime::PjrtError& e) {
-        rethrow(e, "an earlier asynchronous op");
-      }
+  std::vector<executor::DeviceGraph*> graphs;
+  if (device >= 0) {
+    graphs.push_back(&graph_of(device));
+  } else {
+    graphs = executor::device_graphs();
+  }
+  for (auto* g : graphs) {
+    try {
+      g->flush(executor::FlushReason::Sync);
+      g->await_all();
+    } catch (const executor::GraphError& e) {
+      rethrow(e);
+    } catch (const runtime::PjrtError& e) {
+      rethrow(e, "an earlier asynchronous op");
     }
   }
   check_deferred_errors();
@@ -226,26 +305,33 @@ at::Tensor to_cpu(const at::Tensor& t) {
   // Materialize the view as a dense result on the device, then download it.
   at::Tensor dense = t;
   StorageState* st = state_of(t);
-  bool direct = st && st->buffer && t.is_contiguous() && t.storage_offset() == 0 &&
+  TORCH_CHECK(st, "pjrt: to_cpu of a tensor without pjrt storage");
+  TORCH_CHECK(st->has_contents() || !st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
+  bool direct = t.is_contiguous() && t.storage_offset() == 0 &&
                 static_cast<size_t>(t.numel()) * t.element_size() == st->nbytes &&
                 st->dtype == to_ir(t.scalar_type());
-  if (!direct) {
+  if (!direct && st->has_contents()) {
     OpBuilder op("to_cpu");
     Value v = op.input(t);
     dense = op.output(v, t.scalar_type());
     op.run();
     st = state_of(dense);
   }
+  materialize(st);
   check_deferred_errors();
   executor::metrics().host_syncs++;
   auto out = at::empty(t.sizes(), t.options().device(at::kCPU));
   if (t.numel() == 0) return out;
-  if (!st->buffer) return out.zero_();
+  std::shared_ptr<runtime::Buffer> buffer = st->buffer;
+  if (!buffer) {
+    TORCH_CHECK(!st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
+    return out.zero_();
+  }
   size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
   try {
-    st->buffer->to_host(out.data_ptr(), bytes);
+    buffer->to_host(out.data_ptr(), bytes);
   } catch (const runtime::PjrtError& e) {
-    rethrow(e, st->producer.empty() ? std::string("device computation") : st->producer);
+    rethrow(e, producer_name(st->producer));
   }
   executor::metrics().device_to_host_bytes += static_cast<int64_t>(bytes);
   return out;
@@ -257,29 +343,16 @@ void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
   TORCH_CHECK(st, "pjrt: copy_ destination is not a pjrt tensor");
   int device = dst.device().index();
   std::vector<int64_t> dims(dst.sizes().begin(), dst.sizes().end());
-  std::shared_ptr<runtime::Buffer> buf;
-  try {
-    buf = rt().client().buffer_from_host(src.data_ptr(), executor::to_pjrt(to_ir(dst.scalar_type())),
-                                         dims, rt().device(device));
-  } catch (const runtime::PjrtError& e) {
-    rethrow(e, "copy to pjrt");
-  }
-  executor::metrics().host_to_device_bytes += static_cast<int64_t>(src.numel() * src.element_size());
+  auto buf = upload(src.data_ptr(), to_ir(dst.scalar_type()), dims, device, "copy to pjrt");
   bool whole = dst.is_contiguous() && dst.storage_offset() == 0 &&
                static_cast<size_t>(dst.numel()) * dst.element_size() == st->nbytes;
   if (whole) {
-    st->buffer = std::move(buf);
-    st->dims = dims;
-    st->dtype = to_ir(dst.scalar_type());
-    st->producer = "copy to pjrt";
+    assign(st, std::move(buf), dims, to_ir(dst.scalar_type()));
     return;
   }
   // Partial write through a view: stage in a temporary, then write on the device.
   at::Tensor tmp = at::empty(dst.sizes(), dst.options().memory_format(at::MemoryFormat::Contiguous));
-  StorageState* ts = state_of(tmp);
-  ts->buffer = std::move(buf);
-  ts->dims = dims;
-  ts->dtype = to_ir(dst.scalar_type());
+  assign(state_of(tmp), std::move(buf), dims, to_ir(dst.scalar_type()));
   OpBuilder op("copy_");
   op.write(dst, op.input(tmp));
   op.run();
@@ -292,14 +365,21 @@ struct PjrtGenerator : public c10::GeneratorImpl {
   static c10::DeviceType device_type() { return c10::DeviceType::PrivateUse1; }
   explicit PjrtGenerator(c10::DeviceIndex device)
       : c10::GeneratorImpl(c10::Device(c10::DeviceType::PrivateUse1, device),
-                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {}
+                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)) {
+    state_.device_index = device;
+    state_.dims = {2};
+    state_.dtype = DType::U64;
+  }
+  ~PjrtGenerator() override {
+    if (state_.live_index >= 0 || state_.param_index >= 0) graph_of(state_.device_index).forget(&state_);
+  }
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
-    state_.reset();
+    reset_state();
   }
   void set_offset(uint64_t offset) override {
     offset_ = offset;
-    state_.reset();
+    reset_state();
   }
   uint64_t get_offset() const override { return offset_; }
   uint64_t current_seed() const override { return seed_; }
@@ -313,32 +393,52 @@ struct PjrtGenerator : public c10::GeneratorImpl {
     const auto* bytes = static_cast<const uint64_t*>(new_state.data());
     seed_ = bytes[0];
     offset_ = bytes[1];
-    state_.reset();
+    reset_state();
   }
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
     uint64_t words[2] = {seed_, offset_};
-    if (state_) state_->to_host(words, sizeof(words));
+    auto* self = const_cast<PjrtGenerator*>(this);
+    self->materialize_state();
+    if (state_.buffer) state_.buffer->to_host(words, sizeof(words));
     auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
     std::memcpy(t.data_ptr(), words, sizeof(words));
     return t.getIntrusivePtr();
   }
   PjrtGenerator* clone_impl() const override {
+    const_cast<PjrtGenerator*>(this)->materialize_state();
     auto* g = new PjrtGenerator(device().index());
     g->seed_ = seed_;
     g->offset_ = offset_;
-    g->state_ = state_;
+    g->state_.buffer = state_.buffer;
     return g;
   }
-  std::shared_ptr<runtime::Buffer> state() {
-    if (!state_) {
+  // The state as storage contents: uploaded from (seed, offset) when first used.
+  executor::Storage& storage() {
+    if (!state_.has_contents()) {
       uint64_t words[2] = {seed_, offset_};
-      state_ = rt().client().buffer_from_host(words, PJRT_Buffer_Type_U64, {2}, rt().device(device().index()));
+      auto buf = upload(words, DType::U64, {2}, device().index(), "generator state");
+      graph_of(device().index()).assign(&state_, std::move(buf), {2}, DType::U64, nullptr);
     }
     return state_;
   }
+  void materialize_state() {
+    if (!state_.is_pending()) return;
+    try {
+      graph_of(state_.device_index).materialize(&state_);
+    } catch (const executor::GraphError& e) {
+      rethrow(e);
+    }
+  }
+  void reset_state() {
+    if (runtime_ready()) {
+      graph_of(state_.device_index).assign(&state_, nullptr, {2}, DType::U64, nullptr);
+    } else {
+      state_.buffer.reset();
+    }
+  }
   uint64_t seed_ = 67280421310721ULL;
   uint64_t offset_ = 0;
-  std::shared_ptr<runtime::Buffer> state_;
+  executor::Storage state_;
 };
 }  // namespace
 
@@ -360,17 +460,11 @@ at::Generator default_generator(int device) {
   return gens[device];
 }
 
-std::shared_ptr<runtime::Buffer> rng_state(const at::Generator& gen, int) {
-  return at::check_generator<PjrtGenerator>(gen)->state();
-}
-
-void set_rng_state(const at::Generator& gen, std::shared_ptr<runtime::Buffer> state) {
-  at::check_generator<PjrtGenerator>(gen)->state_ = std::move(state);
-}
+executor::Storage& rng_storage(const at::Generator& gen) { return at::check_generator<PjrtGenerator>(gen)->storage(); }
 
 // ---------------------------------------------------------------- OpBuilder
 
-OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(graph_) {}
+OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {}
 
 int OpBuilder::device_for(const at::Tensor& t) {
   int d = t.device().index();
@@ -381,27 +475,28 @@ int OpBuilder::device_for(const at::Tensor& t) {
 }
 
 Value OpBuilder::param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type) {
-  args_.push_back(std::move(buffer));
-  return graph_.param(type);
+  frag_.params.push_back({nullptr, std::move(buffer)});
+  return frag_.graph.param(type);
 }
 
-OpBuilder::StorageSlot& OpBuilder::slot(StorageState* s, DType read_dtype) {
+OpBuilder::StorageSlot& OpBuilder::slot(executor::Storage* s, DType read_dtype, int64_t empty_elements) {
   for (auto& entry : slots_) {
-    if (entry.first == s) return entry.second;
+    if (entry.state == s) return entry;
   }
-  StorageSlot slot{s, Value{}, false};
-  if (s->buffer) {
-    Value p = param(s->buffer, ir::Type{s->dtype, s->dims});
+  StorageSlot slot{s, Value{}, Value{}, false};
+  if (s->has_contents()) {
+    frag_.params.push_back({s, nullptr});
+    slot.param = frag_.graph.param(ir::Type{s->dtype, s->dims});
     int64_t n = 1;
     for (int64_t d : s->dims) n *= d;
-    slot.flat = builder_.reshape(p, {n});
+    slot.flat = builder_.reshape(slot.param, {n});
   } else {
+    TORCH_CHECK(!s->failed, "pjrt: ", op_, ": an input cannot be read: ", *s->failed);
     // Never written: torch.empty's contents are unspecified; read as zeros.
-    int64_t n = static_cast<int64_t>(s->nbytes / ir::dtype_size(read_dtype));
-    slot.flat = builder_.constant(read_dtype, 0, {n});
+    slot.flat = builder_.constant(read_dtype, 0, {empty_elements});
   }
-  slots_.emplace_back(s, slot);
-  return slots_.back().second;
+  slots_.push_back(slot);
+  return slots_.back();
 }
 
 namespace {
@@ -460,8 +555,9 @@ Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
   device_for(t);
   StorageState* st = state_of(t);
   TORCH_CHECK(st, "pjrt: ", op_, ": tensor has no pjrt storage");
+  keep_.push_back(t);
   DType dtype = to_ir(t.scalar_type());
-  StorageSlot& s = slot(st, dtype);
+  StorageSlot& s = slot(st, dtype, static_cast<int64_t>(st->nbytes / ir::dtype_size(dtype)));
   if (slot_out) *slot_out = &s;
   return builder_.bitcast_flat(s.flat, dtype);
 }
@@ -540,18 +636,38 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
 Value OpBuilder::scalar(const at::Scalar& s, at::ScalarType dtype) {
   DType T = to_ir(dtype);
   int device = device_ >= 0 ? device_ : 0;
-  // Convert on the host with torch's own rules, then ship the bytes.
-  at::Tensor host = at::scalar_tensor(s, at::TensorOptions().dtype(dtype));
-  return param(device_scalar(device, T, host.data_ptr()), ir::Type{T, {}});
+  // Convert on the host with torch's own rules (fill_'s Scalar::to), then ship the bytes.
+  alignas(8) unsigned char bytes[8] = {0};
+  auto put = [&](auto v) { std::memcpy(bytes, &v, sizeof(v)); };
+  switch (dtype) {
+    case at::kFloat: put(s.to<float>()); break;
+    case at::kDouble: put(s.to<double>()); break;
+    case at::kBFloat16: put(s.to<at::BFloat16>()); break;
+    case at::kHalf: put(s.to<at::Half>()); break;
+    case at::kLong: put(s.to<int64_t>()); break;
+    case at::kInt: put(s.to<int32_t>()); break;
+    case at::kBool: put(s.to<bool>()); break;
+    default: {
+      at::Tensor host = at::scalar_tensor(s, at::TensorOptions().dtype(dtype));
+      std::memcpy(bytes, host.data_ptr(), host.element_size());
+    }
+  }
+  return param(device_scalar(device, T, bytes), ir::Type{T, {}});
 }
 
 Value OpBuilder::rng_state(const at::Generator& gen) {
   gen_ = gen;
-  auto state = device::rng_state(gen, device_);
-  return param(state, ir::Type{DType::U64, {2}});
+  if (device_ < 0) device_ = gen.device().index();
+  executor::Storage& st = rng_storage(gen);
+  return slot(&st, DType::U64, 2).flat;
 }
 
-void OpBuilder::set_rng_state(Value new_state) { new_rng_state_ = new_state; }
+void OpBuilder::set_rng_state(Value new_state) {
+  TORCH_CHECK(gen_.defined(), "pjrt: ", op_, ": set_rng_state without rng_state");
+  StorageSlot& s = slot(&rng_storage(gen_), DType::U64, 2);
+  s.flat = builder_.reshape(new_state, {2});
+  s.written = true;
+}
 
 at::Tensor OpBuilder::output(Value v, at::ScalarType dtype) {
   v = builder_.convert(v, to_ir(dtype));
@@ -562,52 +678,43 @@ at::Tensor OpBuilder::output(Value v, at::ScalarType dtype) {
   return t;
 }
 
+void OpBuilder::replace_contents(StorageState* st, Value flat) {
+  StorageSlot& s = slot(st, builder_.dtype(flat), builder_.type(flat).numel());
+  s.flat = flat;
+  s.written = true;
+}
+
 void OpBuilder::check_flag(Value flag, const std::string& message) {
   flags_.emplace_back(builder_.reshape(builder_.convert(flag, DType::Pred), {}), message);
 }
 
 void OpBuilder::run() {
   if (device_ < 0) device_ = 0;
-  std::vector<Value> outs;
-  std::vector<std::pair<StorageState*, Value>> writes;
   Value any_bad;
   for (auto& f : flags_) {
     any_bad = any_bad.valid() ? builder_.binary("or", any_bad, f.first) : f.first;
   }
-  for (auto& o : outputs_) outs.push_back(o.second);
-  for (auto& entry : slots_) {
-    if (!entry.second.written) continue;
-    writes.emplace_back(entry.first, entry.second.flat);
-  }
-  // Keep the written storages unchanged when an index was out of range.
-  for (auto& w : writes) {
-    Value nv = w.second;
+  EagerMode mode = eager_mode();
+  bool debug = mode == EagerMode::Debug;
+  for (auto& o : outputs_) frag_.results.emplace_back(state_of(o.first), o.second);
+  for (auto& s : slots_) {
+    if (!s.written) continue;
+    Value nv = s.flat;
     if (any_bad.valid()) {
-      // The original contents, in the written dtype, for the select.
+      // Keep the written storage unchanged when an index was out of range.
       Value orig;
-      if (w.first->buffer) {
-        // The slot's param is the first arg bound to this storage.
-        int64_t n = 1;
-        for (int64_t d : w.first->dims) n *= d;
-        size_t i = 0;
-        for (; i < args_.size(); ++i) if (args_[i] == w.first->buffer) break;
-        Value p{graph_.params()[i], 0};
-        orig = builder_.bitcast_flat(builder_.reshape(p, {n}), builder_.dtype(nv));
+      if (s.param.valid()) {
+        orig = builder_.bitcast_flat(builder_.reshape(s.param, {builder_.type(s.param).numel()}), builder_.dtype(nv));
       } else {
         orig = builder_.constant(builder_.dtype(nv), 0, builder_.dims(nv));
       }
       nv = builder_.select(builder_.broadcast_to(any_bad, builder_.dims(nv)), orig, nv);
     }
-    outs.push_back(nv);
+    frag_.results.emplace_back(s.state, nv);
   }
-  size_t rng_index = outs.size();
-  if (new_rng_state_.valid()) outs.push_back(new_rng_state_);
-  size_t flag_index = outs.size();
-  if (any_bad.valid()) outs.push_back(any_bad);
-  bool debug = eager_mode() == EagerMode::Debug;
-  size_t nan_index = outs.size();
-  Value nonfinite;
+  if (any_bad.valid()) frag_.flags.push_back({any_bad, flags_[0].second});
   if (debug) {
+    Value nonfinite;
     for (auto& o : outputs_) {
       if (!ir::is_floating(builder_.dtype(o.second)) || builder_.type(o.second).numel() == 0) continue;
       Value f = builder_.unary("not", builder_.unary("is_finite", o.second));
@@ -615,71 +722,35 @@ void OpBuilder::run() {
       Value any = builder_.reduce_simple(builder_.reshape(f, {n}), builder_.constant_int(DType::Pred, 0), {0}, "or");
       nonfinite = nonfinite.valid() ? builder_.binary("or", nonfinite, any) : any;
     }
-    if (nonfinite.valid()) outs.push_back(nonfinite);
+    frag_.nonfinite = nonfinite;
   }
-  graph_.set_outputs(outs);
-  std::string text = graph_.to_mlir();
-  std::vector<std::unique_ptr<runtime::Buffer>> results;
+  frag_.record.op = op_;
+  if (mode == EagerMode::Fused) {
+    if (FrameCapture capture = g_frame_capture.load(std::memory_order_relaxed)) frag_.record.where = capture();
+  }
+  auto record_mode = mode == EagerMode::Fused   ? executor::RecordMode::Defer
+                     : mode == EagerMode::Debug ? executor::RecordMode::RunAndCheck
+                                                : executor::RecordMode::Run;
+  std::vector<executor::Check> checks;
   try {
-    auto exe = rt().get_executable(text, op_);
-    std::vector<PJRT_Buffer*> raw;
-    raw.reserve(args_.size());
-    for (auto& a : args_) raw.push_back(a->raw());
-    results = exe->execute(rt().device(device_), raw);
-  } catch (const runtime::PjrtError& e) {
-    rethrow(e, op_);
+    checks = graph_of(device_).record(std::move(frag_), record_mode);
+  } catch (const executor::GraphError& e) {
+    rethrow(e);
   }
-  executor::metrics().executions++;
-  std::vector<std::shared_ptr<runtime::Buffer>> shared;
-  for (auto& r : results) shared.emplace_back(std::move(r));
-  if (debug) {
-    for (auto& b : shared) {
-      try {
-        b->await_ready();
-      } catch (const runtime::PjrtError& e) {
-        rethrow(e, op_);
-      }
-    }
-  }
-  // Check flags before publishing anything, so a failed op changes nothing.
-  if (any_bad.valid()) {
-    if (debug) {
-      bool bad = false;
-      shared[flag_index]->to_host(&bad, 1);
-      TORCH_CHECK_INDEX(!bad, "pjrt: ", flags_[0].second);
-    } else {
-      std::lock_guard<std::mutex> lock(pending().mu);
-      pending().flags.push_back({shared[flag_index], flags_[0].second});
-    }
-  }
-  if (debug && nonfinite.valid()) {
+  if (!debug) return;
+  for (auto& c : checks) {
     bool bad = false;
-    shared[nan_index]->to_host(&bad, 1);
-    TORCH_CHECK(!bad, "pjrt debug mode: ", op_, " produced NaN or Inf");
+    try {
+      c.flag->to_host(&bad, 1);
+    } catch (const runtime::PjrtError& e) {
+      rethrow(e, op_);
+    }
+    if (c.nonfinite) {
+      TORCH_CHECK(!bad, "pjrt debug mode: ", op_, " produced NaN or Inf");
+    } else {
+      TORCH_CHECK_INDEX(!bad, "pjrt: ", c.message);
+    }
   }
-  size_t k = 0;
-  for (auto& o : outputs_) {
-    StorageState* st = state_of(o.first);
-    st->buffer = shared[k];
-    st->dims = builder_.dims(o.second);
-    st->dtype = builder_.dtype(o.second);
-    st->producer = op_;
-    ++k;
-  }
-  for (auto& w : writes) {
-    w.first->buffer = shared[k];
-    w.first->dims = builder_.dims(w.second);
-    w.first->dtype = builder_.dtype(w.second);
-    w.first->producer = op_;
-    ++k;
-  }
-  if (new_rng_state_.valid()) device::set_rng_state(gen_, shared[rng_index]);
-  std::lock_guard<std::mutex> lock(pending().mu);
-  auto& pb = pending().buffers;
-  if (pb.size() > 4096) {
-    pb.erase(std::remove_if(pb.begin(), pb.end(), [](auto& w) { return w.expired(); }), pb.end());
-  }
-  for (auto& b : shared) pb.push_back(b);
 }
 
 }  // namespace torch_pjrt::device

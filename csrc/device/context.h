@@ -11,26 +11,24 @@
 #include <unordered_map>
 #include <vector>
 
+#include "executor/deferred.h"
 #include "executor/executor.h"
 #include "ir/builder.h"
 
 namespace torch_pjrt::device {
 
-// The contents of one PyTorch storage: an immutable PJRT buffer that is swapped
-// whenever the storage is written. Every tensor and view of the storage sees the
-// swap, because they all hold the same DataPtr context.
-struct StorageState {
-  int device_index = 0;
+// One PyTorch storage: its contents (a swappable immutable PJRT buffer, or a
+// value pending in the device graph) plus allocation facts. Every tensor and
+// view of the storage sees a swap, because they all hold the same DataPtr context.
+struct StorageState : executor::Storage {
   size_t nbytes = 0;
   uintptr_t address = 0;  // a unique fake address: data_ptr() identity and overlap checks
-  std::shared_ptr<runtime::Buffer> buffer;  // null until first written ("empty")
-  std::vector<int64_t> dims;                 // dims of `buffer`
-  ir::DType dtype = ir::DType::U8;          // element type of `buffer`
-  std::string producer;                      // op that produced `buffer` (error messages)
 };
 
 StorageState* state_of(const at::Tensor& t);  // null if not a pjrt tensor
 StorageState* state_of(const c10::Storage& s);
+// The same storage state behind a new address range of `new_nbytes` (resize).
+c10::DataPtr readdress(StorageState* st, size_t new_nbytes);
 
 // Process-wide runtime: configured by torch_pjrt at import, started on first use.
 void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
@@ -50,11 +48,34 @@ void reset_peak_memory(int device);
 ir::DType to_ir(at::ScalarType t);
 at::ScalarType to_aten(ir::DType d);
 
-enum class EagerMode { Strict, Debug };
+// strict: every op runs at once (asynchronously); fused: ops are recorded and
+// run as one program at the next sync point or cut; debug: every op runs
+// synchronously with NaN/Inf and index checks.
+enum class EagerMode { Strict, Fused, Debug };
 EagerMode eager_mode();
-void set_eager_mode(EagerMode mode);
+void set_eager_mode(EagerMode mode);  // flushes what fused mode recorded
+EagerMode parse_eager_mode(const std::string& name);  // throws on an unknown name
+const char* eager_mode_name(EagerMode mode);
 
-// Waits for all outstanding work and checks deferred errors (out-of-range indices).
+// The pending graph of a device.
+executor::DeviceGraph& graph_of(int device);
+// Launches every device's pending graph (a mark_step); does not wait.
+void flush_all(executor::FlushReason reason);
+// Makes the storage's buffer hold its contents (flushes its device graph if needed).
+void materialize(StorageState* st);
+// Sets a storage's contents to a host-made buffer.
+void assign(StorageState* st, std::shared_ptr<runtime::Buffer> buffer, std::vector<int64_t> dims, ir::DType dtype);
+// Uploads dense host data to a new (memory-counted) device buffer.
+std::shared_ptr<runtime::Buffer> upload(const void* data, ir::DType dtype, const std::vector<int64_t>& dims,
+                                        int device, const char* what);
+
+// Where the user's Python code recorded the current op (fused mode's error
+// messages); set by the Python module. Returns an interned string or null.
+using FrameCapture = const std::string* (*)();
+void set_frame_capture(FrameCapture capture);
+
+// Flushes and waits for all work enqueued on the device (all devices for -1),
+// then checks deferred errors (out-of-range indices).
 void synchronize(int device = -1);
 // Checks deferred device-side asserts; throws c10::IndexError naming the op.
 void check_deferred_errors();
@@ -63,17 +84,20 @@ void check_deferred_errors();
 at::Tensor to_cpu(const at::Tensor& t);
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu);
 
-// Device RNG state (THREE_FRY key + counter held in a u64[2] buffer on the device).
-std::shared_ptr<runtime::Buffer> rng_state(const at::Generator& gen, int device);
-void set_rng_state(const at::Generator& gen, std::shared_ptr<runtime::Buffer> state);
+// Device RNG state: THREE_FRY key + counter, u64[2], held like a storage's
+// contents (so it can be pending in a fused graph).
+executor::Storage& rng_storage(const at::Generator& gen);
 at::Generator default_generator(int device);
 at::Generator make_generator(int device);
 
+// Records one ATen op: reads through views, fresh results, writes back into
+// storages, deferred asserts; run() hands the fragment to the device graph,
+// which runs it at once (strict, debug) or later as part of one program (fused).
 class OpBuilder {
  public:
   explicit OpBuilder(std::string op_name);
   ir::Builder& b() { return builder_; }
-  ir::Graph& graph() { return graph_; }
+  ir::Graph& graph() { return frag_.graph; }
   const std::string& name() const { return op_; }
   void set_device(int device) { device_ = device; }
 
@@ -90,20 +114,23 @@ class OpBuilder {
   at::Tensor output(ir::Value v, at::ScalarType dtype);
   // Writes v into dst (through dst's view); converts to dst's dtype.
   void write(const at::Tensor& dst, ir::Value v);
+  // Replaces a storage's whole contents with `flat` (any dtype/length).
+  void replace_contents(StorageState* st, ir::Value flat);
   // Marks an out-of-range condition (i1 scalar): checked at the next sync point,
   // and writes of this op are suppressed when it holds.
   void check_flag(ir::Value flag, const std::string& message);
 
-  // Compiles (or finds) and executes the program; fills the declared results.
+  // Records the op; in strict and debug modes it also runs.
   void run();
 
  private:
   struct StorageSlot {
-    StorageState* state;
-    ir::Value flat;  // current contents, flat, in its current dtype
+    executor::Storage* state;
+    ir::Value param;  // the contents as read (invalid: never written, read as zeros)
+    ir::Value flat;   // current contents, flat, in its current dtype
     bool written = false;
   };
-  StorageSlot& slot(StorageState* s, ir::DType read_dtype);
+  StorageSlot& slot(executor::Storage* s, ir::DType read_dtype, int64_t empty_elements);
   ir::Value param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type);
   ir::Value offset_param(int64_t offset);
   ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);
@@ -111,15 +138,14 @@ class OpBuilder {
   int device_for(const at::Tensor& t);
 
   std::string op_;
-  ir::Graph graph_;
+  executor::Fragment frag_;
   ir::Builder builder_;
   int device_ = -1;
-  std::vector<std::shared_ptr<runtime::Buffer>> args_;
-  std::vector<std::pair<StorageState*, StorageSlot>> slots_;
+  std::vector<StorageSlot> slots_;
+  std::vector<at::Tensor> keep_;  // tensors read or written: their storages outlive the recording
   std::vector<std::pair<at::Tensor, ir::Value>> outputs_;
   std::vector<std::pair<ir::Value, std::string>> flags_;
   at::Generator gen_;
-  ir::Value new_rng_state_;
 };
 
 // Shared scalar buffers (device scalars reused across calls: no per-call upload).

@@ -113,37 +113,33 @@ void register_hooks() {
 // ---------------------------------------------------------------- storage resize
 
 namespace {
-// Grows (or shrinks) a storage, keeping its leading bytes.
+// Grows (or shrinks) a storage, keeping its leading bytes. The storage keeps
+// its state object (so ops being recorded that read it stay valid) and gets a
+// fresh fake address range (addresses of live storages never overlap).
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
-  StorageState* old = state_of(storage);
-  TORCH_CHECK(old, "pjrt: resize of a storage that is not pjrt's");
-  size_t oldsize = old->nbytes;
+  StorageState* st = state_of(storage);
+  TORCH_CHECK(st, "pjrt: resize of a storage that is not pjrt's");
+  size_t oldsize = st->nbytes;
   if (newsize == oldsize) return;
-  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, old->device_index));
-  // Copy the kept prefix as bytes into a fresh allocation, on the device.
-  at::Tensor src = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, old->device_index));
-  src.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, st->device_index));
   size_t keep = std::min(oldsize, newsize);
-  src.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(keep)});
-  c10::DataPtr fresh = allocator()->allocate(newsize);
-  at::Tensor dst_whole = at::empty({0}, src.options());
-  c10::Storage tmp(c10::Storage::use_byte_size_t(), newsize, std::move(fresh), allocator(), true);
-  dst_whole.unsafeGetTensorImpl()->set_storage_keep_dtype(tmp);
-  dst_whole.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(newsize)});
-  if (keep > 0 && old->buffer) {
+  if (keep > 0 && st->has_contents()) {
+    at::Tensor src = at::empty({0}, at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, st->device_index));
+    src.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
+    src.unsafeGetTensorImpl()->set_sizes_contiguous({static_cast<int64_t>(keep)});
     OpBuilder op("resize_");
-    ir::Value prefix = op.input(src);
-    ir::Value full = prefix;
+    ir::Value full = op.input(src);
     if (newsize > keep) {
       ir::Value zeros = op.b().constant(ir::DType::U8, 0, {static_cast<int64_t>(newsize - keep)});
-      full = op.b().concatenate({prefix, zeros}, 0);
+      full = op.b().concatenate({full, zeros}, 0);
     }
-    op.write(dst_whole, full);
+    op.replace_contents(st, full);
     op.run();
+  } else if (st->has_contents()) {
+    assign(st, nullptr, {0}, ir::DType::U8);
   }
-  // Move the new contents into the original Storage object (all views share it).
-  c10::DataPtr moved = tmp.set_data_ptr(c10::DataPtr());
-  storage.unsafeGetStorageImpl()->set_data_ptr_noswap(std::move(moved));
+  c10::DataPtr old = storage.unsafeGetStorageImpl()->set_data_ptr(readdress(st, newsize));
+  old.release_context();  // the same state lives on behind the new pointer
   storage.unsafeGetStorageImpl()->set_nbytes(newsize);
 }
 

@@ -1,6 +1,9 @@
 // The device allocator: each allocation is a StorageState (a slot for a PJRT
-// buffer) behind a unique fake address. Memory is counted here because PJRT
-// plugins (the CPU one among them) may have no memory statistics.
+// buffer or a pending value) behind a unique fake address. No device memory
+// is taken here: memory is counted by the buffers themselves (PJRT plugins,
+// the CPU one among them, may have no memory statistics), so the statistics
+// show what is really held: a pending value that is never materialized, or a
+// buffer donated to a program, costs nothing.
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
@@ -16,21 +19,17 @@ constexpr int kMaxDevices = 64;
 // Device index lives in the top bits of the fake address (for getDeviceFromPtr).
 constexpr int kDeviceShift = 52;
 
-struct Counters {
-  std::atomic<int64_t> allocated{0}, peak{0}, num_allocs{0}, num_frees{0};
-};
-Counters& counters(int device) {
-  static Counters c[kMaxDevices];
-  return c[device];
-}
-
 std::atomic<uint64_t> next_address{4096};
+
+uint64_t fresh_address(int device, size_t nbytes) {
+  uint64_t span = ((nbytes + 255) / 256 + 1) * 256;
+  return (static_cast<uint64_t>(device + 1) << kDeviceShift) | next_address.fetch_add(span);
+}
 
 void delete_state(void* ctx) {
   auto* st = static_cast<StorageState*>(ctx);
-  Counters& c = counters(st->device_index);
-  c.allocated -= static_cast<int64_t>(st->nbytes);
-  c.num_frees++;
+  // A pending value that nothing holds any more is dropped from the graph.
+  if (st->live_index >= 0 || st->param_index >= 0) graph_of(st->device_index).forget(st);
   delete st;
 }
 
@@ -43,14 +42,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
     auto st = std::make_unique<StorageState>();
     st->device_index = device;
     st->nbytes = nbytes;
-    uint64_t span = ((nbytes + 255) / 256 + 1) * 256;
-    st->address = (static_cast<uint64_t>(device + 1) << kDeviceShift) | next_address.fetch_add(span);
-    Counters& c = counters(device);
-    int64_t now = c.allocated += static_cast<int64_t>(nbytes);
-    int64_t prev = c.peak.load();
-    while (now > prev && !c.peak.compare_exchange_weak(prev, now)) {
-    }
-    c.num_allocs++;
+    st->address = fresh_address(device, nbytes);
     void* ptr = reinterpret_cast<void*>(st->address);
     return {ptr, st.release(), &delete_state, c10::Device(c10::DeviceType::PrivateUse1, device)};
   }
@@ -63,7 +55,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
     c10::CachingDeviceAllocator::DeviceStats stats;
-    Counters& c = counters(device < 0 ? 0 : device);
+    auto& c = executor::memory_counter(device < 0 ? 0 : device);
     auto& agg = stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
     agg.current = c.allocated;
     agg.peak = c.peak;
@@ -97,13 +89,20 @@ int current_device() { return current_device_index(); }
 c10::DeviceAllocator* allocator() { return &g_allocator; }
 
 MemoryCounters memory_counters(int device) {
-  Counters& c = counters(device);
+  auto& c = executor::memory_counter(device);
   return {c.allocated, c.peak, c.num_allocs, c.num_frees};
 }
 
 void reset_peak_memory(int device) {
-  Counters& c = counters(device);
+  auto& c = executor::memory_counter(device);
   c.peak = c.allocated.load();
+}
+
+c10::DataPtr readdress(StorageState* st, size_t new_nbytes) {
+  st->nbytes = new_nbytes;
+  st->address = fresh_address(st->device_index, new_nbytes);
+  return {reinterpret_cast<void*>(st->address), st, &delete_state,
+          c10::Device(c10::DeviceType::PrivateUse1, st->device_index)};
 }
 
 StorageState* state_of(const c10::Storage& s) {

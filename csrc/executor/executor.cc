@@ -24,14 +24,29 @@ void Metrics::reset() {
   host_syncs = 0;
   host_to_device_bytes = 0;
   device_to_host_bytes = 0;
+  ops_recorded = 0;
+  graphs = 0;
+  graph_ops = 0;
+  max_graph_ops = 0;
+  graph_outputs = 0;
+  donated_buffers = 0;
+  dropped_values = 0;
   std::lock_guard<std::mutex> lock(mu);
   fallbacks.clear();
   compiles_by_op.clear();
+  flush_reasons.clear();
 }
 
 Metrics& metrics() {
   static Metrics m;
   return m;
+}
+
+runtime::MemoryCounter& memory_counter(int device) {
+  constexpr int kMaxDevices = 64;
+  static auto* counters = new runtime::MemoryCounter[kMaxDevices];  // leaked: buffers outlive statics
+  if (device < 0 || device >= kMaxDevices) device = 0;
+  return counters[device];
 }
 
 runtime::ElementType to_pjrt(ir::DType d) {
@@ -207,18 +222,19 @@ void Runtime::set_memory_cache_capacity(size_t capacity) {
 
 void Runtime::evict_locked() {
   while (memory_.size() > capacity_) {
-    const std::string* oldest = recency_.back();
+    const ir::Key* oldest = recency_.back();
     recency_.pop_back();
     memory_.erase(*oldest);
     metrics().memory_cache_evictions++;
   }
 }
 
-std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::string& mlir,
+std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key& cache_key,
+                                                                   const std::function<std::string()>& print,
                                                                    const std::string& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = memory_.find(mlir);
+    auto it = memory_.find(cache_key);
     if (it != memory_.end()) {
       metrics().memory_cache_hits++;
       recency_.splice(recency_.begin(), recency_, it->second.recency);
@@ -226,6 +242,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::st
     }
   }
   std::shared_ptr<runtime::LoadedExecutable> exe;
+  std::string mlir = print();
   std::string key = identity_ + "\n" + mlir;
   std::string payload;
   if (disk_.load(key, &payload)) {
@@ -257,7 +274,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const std::st
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = memory_.try_emplace(mlir, Entry{exe, {}});
+  auto [it, inserted] = memory_.try_emplace(cache_key, Entry{exe, {}});
   if (inserted) {
     recency_.push_front(&it->first);
     it->second.recency = recency_.begin();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
@@ -26,13 +27,25 @@ struct Metrics {
   std::atomic<int64_t> host_syncs{0};
   std::atomic<int64_t> host_to_device_bytes{0};
   std::atomic<int64_t> device_to_host_bytes{0};
+  // Deferred execution: graphs run, the ops they held, their outputs, buffers
+  // donated to them, and pending values dropped because nothing held them.
+  std::atomic<int64_t> ops_recorded{0};
+  std::atomic<int64_t> graphs{0};
+  std::atomic<int64_t> graph_ops{0};
+  std::atomic<int64_t> max_graph_ops{0};
+  std::atomic<int64_t> graph_outputs{0};
+  std::atomic<int64_t> donated_buffers{0};
+  std::atomic<int64_t> dropped_values{0};
   std::mutex mu;
+  std::map<std::string, int64_t> flush_reasons;  // why graphs were cut
   std::map<std::string, int64_t> fallbacks;  // op name -> calls run on the CPU
   std::map<std::string, int64_t> compiles_by_op;  // op name -> compiles (explains recompiles)
   void reset();
 };
 
 Metrics& metrics();
+// Device memory held by live buffers, per device (never destroyed).
+runtime::MemoryCounter& memory_counter(int device);
 
 runtime::ElementType to_pjrt(ir::DType dtype);
 ir::DType from_pjrt(runtime::ElementType type);
@@ -66,8 +79,11 @@ class Runtime {
   const runtime::Device& device(int index) const;
   int device_count() const { return static_cast<int>(client_->devices().size()); }
 
-  // Compiles (or finds) the executable for `mlir`. `op` names the requester in metrics.
-  std::shared_ptr<runtime::LoadedExecutable> get_executable(const std::string& mlir,
+  // Finds the executable of the program with structural key `key`; on a miss
+  // prints it (`mlir()`), then tries the disk tier, then compiles. `op` names
+  // the requester in metrics.
+  std::shared_ptr<runtime::LoadedExecutable> get_executable(const ir::Key& key,
+                                                           const std::function<std::string()>& mlir,
                                                            const std::string& op);
   // Identity of plugin + version + compile options + CPU: part of every disk key.
   const std::string& identity() const { return identity_; }
@@ -86,10 +102,10 @@ class Runtime {
   std::mutex mu_;
   struct Entry {
     std::shared_ptr<runtime::LoadedExecutable> exe;
-    std::list<const std::string*>::iterator recency;  // position in recency_
+    std::list<const ir::Key*>::iterator recency;  // position in recency_
   };
-  std::unordered_map<std::string, Entry> memory_;
-  std::list<const std::string*> recency_;  // most recently used first; points at memory_'s keys
+  std::unordered_map<ir::Key, Entry, ir::KeyHash> memory_;
+  std::list<const ir::Key*> recency_;  // most recently used first; points at memory_'s keys
   size_t capacity_ = 4096;
   void evict_locked();
 };

@@ -1,5 +1,6 @@
 #include "ir/graph.h"
 
+#include <cstring>
 #include <sstream>
 #include <stdexcept>
 #include <unordered_map>
@@ -65,7 +66,85 @@ std::string Type::str() const {
   return s;
 }
 
+void Key::mix_bytes(const char* p, size_t n) {
+  uint64_t word = 0;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    std::memcpy(&word, p + i, 8);
+    mix(word);
+  }
+  word = n;
+  for (size_t k = 0; i < n; ++i, ++k) word ^= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * k);
+  mix(word);
+}
+
+void Graph::mix_type(const Type& t) {
+  key_.mix((static_cast<uint64_t>(t.dtype) << 8) | t.dims.size());
+  for (int64_t d : t.dims) key_.mix(static_cast<uint64_t>(d));
+}
+
+Key Graph::key() const {
+  Key k = key_;
+  k.mix(0xA5A5A5A5ULL + outputs_.size());
+  for (const Value& v : outputs_) k.mix((static_cast<uint64_t>(v.node) << 16) ^ static_cast<uint64_t>(v.index));
+  return k;
+}
+
+void Graph::set_param_attr(size_t i, std::string attr) {
+  if (param_attrs_.size() < params_.size()) param_attrs_.resize(params_.size());
+  param_attrs_.at(i) = std::move(attr);
+}
+
+void Graph::clear() {
+  nodes_.clear();
+  params_.clear();
+  outputs_.clear();
+  param_attrs_.clear();
+  key_ = Key();
+}
+
+std::vector<int> Graph::splice(const Graph& other, const std::vector<Value>& param_values, const Key& mapping_key) {
+  if (param_values.size() != other.params_.size()) throw std::logic_error("ir: splice: parameter count mismatch");
+  std::vector<Value> base(other.nodes_.size());
+  std::vector<int> node_map(other.nodes_.size(), -1);
+  for (size_t k = 0; k < other.params_.size(); ++k) base[other.params_[k]] = param_values[k];
+  nodes_.reserve(nodes_.size() + other.nodes_.size());
+  for (size_t id = 0; id < other.nodes_.size(); ++id) {
+    const Node& n = other.nodes_[id];
+    if (n.op == "arg") continue;
+    Node copy;
+    copy.op = n.op;
+    copy.operands.reserve(n.operands.size());
+    for (const Value& v : n.operands) {
+      if (other.nodes_[v.node].op == "arg") {
+        copy.operands.push_back(base[v.node]);
+      } else {
+        copy.operands.push_back(Value{node_map[v.node], v.index});
+      }
+    }
+    copy.results = n.results;
+    copy.attrs = n.attrs;
+    copy.regions = n.regions;
+    nodes_.push_back(std::move(copy));
+    node_map[id] = static_cast<int>(nodes_.size()) - 1;
+  }
+  key_.mix(other.key_);
+  key_.mix(mapping_key);
+  return node_map;
+}
+
+void Graph::adopt(Graph&& other, const Key& mapping_key) {
+  if (!empty()) throw std::logic_error("ir: adopt into a non-empty graph");
+  Key k;
+  k.mix(other.key_);
+  k.mix(mapping_key);
+  *this = std::move(other);
+  key_ = k;
+}
+
 Value Graph::param(const Type& type) {
+  mix_type(type);
+  key_.mix(0x5041ULL);
   Node n;
   n.op = "arg";
   n.results = {type};
@@ -87,6 +166,13 @@ std::vector<Value> Graph::add_multi(const std::string& op, std::vector<Value> op
       throw std::logic_error("ir: operand of " + op + " is not a value of this graph");
     }
   }
+  key_.mix(op);
+  key_.mix(operands.size());
+  for (const Value& v : operands) key_.mix((static_cast<uint64_t>(v.node) << 16) ^ static_cast<uint64_t>(v.index));
+  key_.mix(results.size());
+  for (const Type& t : results) mix_type(t);
+  key_.mix(attrs);
+  for (const auto& r : regions) key_.mix(r->key());
   Node n;
   n.op = op;
   n.operands = std::move(operands);
@@ -119,6 +205,7 @@ class Printer {
       int id = g.params_[i];
       names[id] = "%arg" + std::to_string(i);
       os << (i ? ", " : "") << names[id] << ": " << g.nodes_[id].results[0].str();
+      if (i < g.param_attrs_.size() && !g.param_attrs_[i].empty()) os << " {" << g.param_attrs_[i] << "}";
     }
     os << ") -> (";
     for (size_t i = 0; i < g.outputs_.size(); ++i) os << (i ? ", " : "") << g.type(g.outputs_[i]).str();
@@ -205,6 +292,5 @@ uint64_t fnv1a(const std::string& text) {
   return h;
 }
 
-uint64_t Graph::hash() const { return fnv1a(to_mlir()); }
 
 }  // namespace torch_pjrt::ir

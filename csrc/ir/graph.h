@@ -26,6 +26,29 @@ struct Type {
   bool operator==(const Type& o) const { return dtype == o.dtype && dims == o.dims; }
 };
 
+// A 128-bit structural key, mixed incrementally as a graph is built, so a
+// program can be looked up in the compile cache without printing it.
+struct Key {
+  uint64_t a = 0x9E3779B97F4A7C15ULL;
+  uint64_t b = 0xC2B2AE3D27D4EB4FULL;
+  void mix(uint64_t v) {
+    a = (a ^ v) * 0xFF51AFD7ED558CCDULL;
+    a ^= a >> 32;
+    b = (b + v + 0x632BE59BD9B4E019ULL) * 0xC4CEB9FE1A85EC53ULL;
+    b ^= b >> 29;
+  }
+  void mix(const Key& k) {
+    mix(k.a);
+    mix(k.b);
+  }
+  void mix_bytes(const char* p, size_t n);
+  void mix(const std::string& s) { mix_bytes(s.data(), s.size()); }
+  bool operator==(const Key& o) const { return a == o.a && b == o.b; }
+};
+struct KeyHash {
+  size_t operator()(const Key& k) const { return static_cast<size_t>(k.a ^ (k.b >> 7)); }
+};
+
 // Result `index` of node `node`.
 struct Value {
   int node = -1;
@@ -53,6 +76,18 @@ class Graph {
                                std::vector<std::shared_ptr<Graph>> regions = {});
   void set_outputs(std::vector<Value> outputs) { outputs_ = std::move(outputs); }
   void add_output(Value v) { outputs_.push_back(v); }
+  // Attribute of parameter i in @main's signature, e.g. "tf.aliasing_output = 0 : i32".
+  void set_param_attr(size_t i, std::string attr);
+
+  // Appends `other`'s nodes; other's parameter k becomes `param_values[k]` (a
+  // value of this graph). Returns, for each node of `other`, the node it became
+  // (params: -1). Other's regions are shared, not copied. The key absorbs
+  // other's key and `mapping_key` (how its parameters were bound).
+  std::vector<int> splice(const Graph& other, const std::vector<Value>& param_values, const Key& mapping_key);
+  // Takes `other` whole (this graph must be empty); the key absorbs it like splice.
+  void adopt(Graph&& other, const Key& mapping_key);
+  bool empty() const { return nodes_.empty(); }
+  void clear();
 
   const Type& type(Value v) const;
   const std::vector<Node>& nodes() const { return nodes_; }
@@ -62,14 +97,18 @@ class Graph {
 
   // The whole module: func.func @main(params) -> outputs.
   std::string to_mlir() const;
-  // Structural hash (FNV-1a over the module text).
-  uint64_t hash() const;
+  // Structural key of nodes and outputs (parameter attributes not included).
+  Key key() const;
+  uint64_t hash() const { return key().a; }
 
  private:
   friend class Printer;
   std::vector<Node> nodes_;
   std::vector<int> params_;
   std::vector<Value> outputs_;
+  std::vector<std::string> param_attrs_;
+  Key key_;  // nodes so far (outputs are mixed in by key())
+  void mix_type(const Type& t);
 };
 
 uint64_t fnv1a(const std::string& text);

@@ -1,4 +1,6 @@
 // torch_pjrt._C: the Python surface of the C++ backend.
+#include <Python.h>
+#include <frameobject.h>
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -7,6 +9,8 @@
 
 #include "device/context.h"
 #include "device/fallback.h"
+
+#include <unordered_map>
 
 namespace py = pybind11;
 using namespace torch_pjrt;
@@ -30,10 +34,91 @@ py::dict metrics_dict() {
   d["host_syncs"] = m.host_syncs.load();
   d["host_to_device_bytes"] = m.host_to_device_bytes.load();
   d["device_to_host_bytes"] = m.device_to_host_bytes.load();
+  d["ops_recorded"] = m.ops_recorded.load();
+  d["graphs"] = m.graphs.load();
+  d["graph_ops"] = m.graph_ops.load();
+  d["max_graph_ops"] = m.max_graph_ops.load();
+  d["graph_outputs"] = m.graph_outputs.load();
+  d["donated_buffers"] = m.donated_buffers.load();
+  d["dropped_values"] = m.dropped_values.load();
   std::lock_guard<std::mutex> lock(m.mu);
   d["fallbacks"] = m.fallbacks;
   d["compiles_by_op"] = m.compiles_by_op;
+  d["flush_reasons"] = m.flush_reasons;
   return d;
+}
+
+// Fused mode's error messages name the user's line that recorded each op. The
+// innermost frame outside torch and torch_pjrt is found by walking the stack;
+// "is this a library frame" is cached per code object and the "file:line"
+// text per (code, instruction), both interned for the life of the process,
+// so recording an op costs a GIL round trip and a few lookups.
+std::string g_package_dir;
+
+bool is_library_code(PyCodeObject* code) {
+  static std::unordered_map<PyCodeObject*, bool> cache;
+  auto it = cache.find(code);
+  if (it != cache.end()) return it->second;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  std::string path = file ? file : "";
+  bool library = path.rfind("<frozen", 0) == 0 || path.find("/torch/") != std::string::npos ||
+                 (!g_package_dir.empty() && path.rfind(g_package_dir, 0) == 0);
+  if (cache.size() < (1u << 16)) {
+    Py_INCREF(code);  // kept alive: its address stays a valid key
+    cache.emplace(code, library);
+  }
+  return library;
+}
+
+const std::string* line_of(PyCodeObject* code, int lasti) {
+  struct Hash {
+    size_t operator()(const std::pair<PyCodeObject*, int>& k) const {
+      return std::hash<void*>()(k.first) ^ (static_cast<size_t>(k.second) * 0x9E3779B97F4A7C15ULL);
+    }
+  };
+  static std::unordered_map<std::pair<PyCodeObject*, int>, const std::string*, Hash> cache;
+  auto key = std::make_pair(code, lasti);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  if (cache.size() >= (1u << 16)) return nullptr;
+  const char* file = PyUnicode_AsUTF8(code->co_filename);
+  const char* name = PyUnicode_AsUTF8(code->co_name);
+  auto* text = new std::string(std::string(file ? file : "?") + ":" + std::to_string(PyCode_Addr2Line(code, lasti)) +
+                               " in " + (name ? name : "?"));
+  Py_INCREF(code);
+  cache.emplace(key, text);
+  return text;
+}
+
+const std::string* capture_user_frame() {
+  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  const std::string* where = nullptr;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  PyCodeObject* innermost = nullptr;
+  int innermost_lasti = 0;
+  for (int depth = 0; frame && depth < 64; ++depth) {
+    PyCodeObject* code = PyFrame_GetCode(frame);
+    int lasti = PyFrame_GetLasti(frame);
+    if (!innermost) {
+      innermost = code;
+      innermost_lasti = lasti;
+      Py_INCREF(innermost);
+    }
+    bool library = is_library_code(code);
+    if (!library) where = line_of(code, lasti);
+    Py_DECREF(code);
+    if (!library) break;
+    PyFrameObject* back = PyFrame_GetBack(frame);
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (!where && innermost) where = line_of(innermost, innermost_lasti);
+  Py_XDECREF(innermost);
+  PyGILState_Release(gil);
+  return where;
 }
 
 }  // namespace
@@ -61,11 +146,41 @@ PYBIND11_MODULE(_C, mod) {
     device::synchronize(d);
   });
   mod.def("_set_eager_mode", [](const std::string& mode) {
-    if (mode == "strict") device::set_eager_mode(device::EagerMode::Strict);
-    else if (mode == "debug") device::set_eager_mode(device::EagerMode::Debug);
-    else throw py::value_error("eager mode must be 'strict' or 'debug', got '" + mode + "'");
+    auto m = device::parse_eager_mode(mode);
+    py::gil_scoped_release no_gil;
+    device::set_eager_mode(m);
   });
-  mod.def("_get_eager_mode", [] { return device::eager_mode() == device::EagerMode::Debug ? "debug" : "strict"; });
+  mod.def("_get_eager_mode", [] { return device::eager_mode_name(device::eager_mode()); });
+  mod.def("_set_package_dir", [](const std::string& dir) {
+    g_package_dir = dir;
+    device::set_frame_capture(&capture_user_frame);
+  });
+  mod.def("_flush", [](const std::string& reason) {
+    auto r = reason == "optimizer_step" ? executor::FlushReason::OptimizerStep : executor::FlushReason::Explicit;
+    py::gil_scoped_release no_gil;
+    device::flush_all(r);
+  });
+  mod.def("_pending_ops", [](int d) {
+    if (!device::runtime_ready()) return size_t{0};
+    return device::graph_of(d).pending_ops();
+  });
+  mod.def("_set_fusion_policy", [](size_t max_ops, size_t min_loop, bool detect_loops, bool donate) {
+    TORCH_CHECK_VALUE(max_ops >= 1, "pjrt: max_ops must be at least 1");
+    auto& p = executor::fusion_policy();
+    p.max_ops = max_ops;
+    p.min_loop = min_loop;
+    p.detect_loops = detect_loops;
+    p.donate = donate;
+  });
+  mod.def("_fusion_policy", [] {
+    auto& p = executor::fusion_policy();
+    py::dict d;
+    d["max_ops"] = p.max_ops;
+    d["min_loop"] = p.min_loop;
+    d["detect_loops"] = p.detect_loops;
+    d["donate"] = p.donate;
+    return d;
+  });
   mod.def("_set_fallback_mode", [](const std::string& mode) {
     if (mode == "warn") device::set_fallback_mode(device::FallbackMode::Warn);
     else if (mode == "log") device::set_fallback_mode(device::FallbackMode::Log);
@@ -120,9 +235,15 @@ PYBIND11_MODULE(_C, mod) {
     if (!st) return py::dict();
     py::dict d;
     d["nbytes"] = st->nbytes;
-    d["materialized"] = static_cast<bool>(st->buffer);
+    d["pending"] = st->is_pending();
+    d["materialized"] = static_cast<bool>(st->buffer) && !st->is_pending();
     d["dtype"] = ir::dtype_name(st->dtype);
-    d["producer"] = st->producer;
+    std::string producer;
+    if (st->producer && !st->producer->empty()) {
+      producer = st->producer->size() == 1 ? (*st->producer)[0].op
+                                           : "fused graph (" + std::to_string(st->producer->size()) + " ops)";
+    }
+    d["producer"] = producer;
     return d;
   });
 }

@@ -176,7 +176,33 @@ bool Event::is_ready() const {
 Buffer::Buffer(std::shared_ptr<const Api> api, PJRT_Buffer* buffer)
     : api_(std::move(api)), buffer_(buffer) {}
 
+void MemoryCounter::add(int64_t bytes) {
+  int64_t now = allocated += bytes;
+  int64_t prev = peak.load();
+  while (now > prev && !peak.compare_exchange_weak(prev, now)) {
+  }
+  num_allocs++;
+}
+
+void MemoryCounter::sub(int64_t bytes) {
+  allocated -= bytes;
+  num_frees++;
+}
+
+void Buffer::track(MemoryCounter* counter, int64_t bytes) {
+  if (counter_) counter_->sub(bytes_);
+  counter_ = counter;
+  bytes_ = bytes;
+  if (counter_) counter_->add(bytes_);
+}
+
+void Buffer::mark_donated() {
+  if (counter_) counter_->sub(bytes_);
+  counter_ = nullptr;
+}
+
 Buffer::~Buffer() {
+  if (counter_) counter_->sub(bytes_);
   if (buffer_ == nullptr) return;
   auto args = ARGS(PJRT_Buffer_Destroy_Args);
   args.buffer = buffer_;
@@ -308,8 +334,9 @@ LoadedExecutable::~LoadedExecutable() {
   }
 }
 
-std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(
-    const Device& device, const std::vector<PJRT_Buffer*>& args) const {
+std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(const Device& device,
+                                                               const std::vector<PJRT_Buffer*>& args,
+                                                               std::unique_ptr<Event>* done) const {
   auto options = ARGS(PJRT_ExecuteOptions);
   std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
@@ -321,9 +348,11 @@ std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(
   exec.num_devices = 1;
   exec.num_args = args.size();
   exec.output_lists = &output_list;
-  exec.device_complete_events = nullptr;
+  PJRT_Event* complete = nullptr;
+  exec.device_complete_events = done ? &complete : nullptr;
   exec.execute_device = device.raw();
   TORCH_PJRT_CALL(*api_, PJRT_LoadedExecutable_Execute, &exec, "PJRT_LoadedExecutable_Execute");
+  if (done && complete) *done = std::make_unique<Event>(api_, complete);
   std::vector<std::unique_ptr<Buffer>> result;
   result.reserve(outputs.size());
   for (PJRT_Buffer* b : outputs) result.push_back(std::make_unique<Buffer>(api_, b));

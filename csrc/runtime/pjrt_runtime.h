@@ -2,6 +2,7 @@
 // No torch headers here: this layer is unit-tested on its own.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -55,6 +56,14 @@ class Event {
   PJRT_Event* event_;
 };
 
+// Bytes of device memory held by live buffers (plugins such as the CPU one
+// report none, so buffers count themselves).
+struct MemoryCounter {
+  std::atomic<int64_t> allocated{0}, peak{0}, num_allocs{0}, num_frees{0};
+  void add(int64_t bytes);
+  void sub(int64_t bytes);
+};
+
 // Owns a PJRT_Buffer: an immutable array on one device.
 class Buffer {
  public:
@@ -71,10 +80,16 @@ class Buffer {
   void to_host(void* dst, size_t dst_size) const;
   // Waits until the buffer is computed; rethrows any execution error.
   void await_ready() const;
+  // Counts `bytes` in `counter` until the buffer is destroyed or donated.
+  void track(MemoryCounter* counter, int64_t bytes);
+  // A program consumed this buffer (input/output aliasing): its memory is the output's now.
+  void mark_donated();
 
  private:
   std::shared_ptr<const Api> api_;
   PJRT_Buffer* buffer_;
+  MemoryCounter* counter_ = nullptr;
+  int64_t bytes_ = 0;
 };
 
 class Device {
@@ -106,9 +121,10 @@ class LoadedExecutable {
 
   size_t num_outputs() const { return num_outputs_; }
   // Runs on one device. Inputs are borrowed; outputs are owned by the caller.
-  // Execution is asynchronous: errors surface when an output is awaited.
-  std::vector<std::unique_ptr<Buffer>> execute(const Device& device,
-                                               const std::vector<PJRT_Buffer*>& args) const;
+  // Execution is asynchronous: errors surface when an output is awaited. With
+  // `done`, it receives an event that fires when the execution has finished.
+  std::vector<std::unique_ptr<Buffer>> execute(const Device& device, const std::vector<PJRT_Buffer*>& args,
+                                               std::unique_ptr<Event>* done = nullptr) const;
   std::string serialize() const;
 
  private:

@@ -12,6 +12,8 @@ from torch_pjrt.tools.conformance.settings import TOLERANCES
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "examples"))
 
 DEV = torch.device("pjrt", 0)
+# The mode this run tests (scripts/test.sh runs a second pass with TORCH_PJRT_EAGER_MODE=fused).
+SESSION_MODE = torch_pjrt.eager_mode()
 # Tolerances per dtype, stated once (shared with the OpInfo conformance harness).
 TOL = {dtype: dict(rtol=t.rtol, atol=t.atol) for dtype, t in TOLERANCES.items()}
 
@@ -31,7 +33,7 @@ def dev() -> torch.device:
 @pytest.fixture(autouse=True)
 def _reset_modes():
     yield
-    torch_pjrt.set_eager_mode("strict")
+    torch_pjrt.set_eager_mode(SESSION_MODE)
     torch_pjrt.set_fallback_mode("warn")
     try:
         torch_pjrt.synchronize()

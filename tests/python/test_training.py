@@ -8,11 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import MLP, TinyTransformer, synthetic_tokens
+from trajectory import assert_curve_within, batches_as, jitter_ulp, references
 
 import torch_pjrt
 
 
-def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20) -> list[float]:
+def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20,
+          jitter: torch.Generator | None = None) -> list[float]:
+    """Trains and returns the losses. With `jitter`, every parameter is moved by
+    about one float32 ulp after each step (see trajectory.py)."""
     model = model.to(device)
     opt = make_opt(model.parameters())
     losses = []
@@ -22,8 +26,19 @@ def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
+        if jitter is not None:
+            jitter_ulp(model, jitter)
         losses.append(loss.item())
     return losses
+
+
+def cpu_runs(make_opt, batches, loss_fn, steps: int = 20):
+    """run(model, dtype, jitter) for trajectory.references: trains on the CPU in `dtype`."""
+    def run(model: torch.nn.Module, dtype: torch.dtype,
+            jitter: torch.Generator | None) -> tuple[list[float], torch.nn.Module]:
+        model = model.to(dtype)
+        return train(model, "cpu", make_opt, batches_as(batches, dtype), loss_fn, steps, jitter), model
+    return run
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -39,8 +54,7 @@ def test_mlp_matches_cpu(optimizer):
     torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
         dev = train(copy.deepcopy(model), "pjrt", make_opt, batches, F.cross_entropy)
-    cpu = train(copy.deepcopy(model), "cpu", make_opt, batches, F.cross_entropy)
-    torch.testing.assert_close(dev, cpu, rtol=1e-4, atol=1e-5)
+    assert_curve_within(dev, references(model, cpu_runs(make_opt, batches, F.cross_entropy)))
     assert dev[-1] < dev[0]
 
 
@@ -55,8 +69,7 @@ def test_transformer_matches_cpu():
     make_opt = lambda p: torch.optim.AdamW(p, lr=3e-3)  # noqa: E731  (default foreach path)
     with torch_pjrt.fallback_mode("error"):
         dev = train(copy.deepcopy(model), "pjrt", make_opt, batches, lm_loss)
-    cpu = train(copy.deepcopy(model), "cpu", make_opt, batches, lm_loss)
-    torch.testing.assert_close(dev, cpu, rtol=1e-4, atol=1e-4)
+    assert_curve_within(dev, references(model, cpu_runs(make_opt, batches, lm_loss)))
     assert dev[-1] < dev[0] * 0.8
 
 

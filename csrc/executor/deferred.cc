@@ -1,0 +1,425 @@
+#include "executor/deferred.h"
+
+#include <algorithm>
+#include <sstream>
+
+namespace torch_pjrt::executor {
+
+using ir::Value;
+
+std::string describe_op(const OpRecord& op) {
+  if (!op.where) return op.op;
+  return op.op + " (recorded at " + *op.where + ")";
+}
+
+std::string describe_ops(const std::vector<OpRecord>& ops, size_t limit) {
+  std::string s;
+  size_t shown = std::min(limit, ops.size());
+  for (size_t i = 0; i < shown; ++i) s += (i ? ", " : "") + describe_op(ops[i]);
+  if (ops.size() > shown) s += ", ... and " + std::to_string(ops.size() - shown) + " more";
+  return s;
+}
+
+const char* flush_reason_name(FlushReason r) {
+  switch (r) {
+    case FlushReason::Op: return "op";
+    case FlushReason::Sync: return "sync";
+    case FlushReason::Explicit: return "explicit";
+    case FlushReason::OptimizerStep: return "optimizer_step";
+    case FlushReason::Loop: return "loop";
+    case FlushReason::Size: return "size";
+    case FlushReason::ModeChange: return "mode_change";
+    case FlushReason::Count: break;
+  }
+  return "?";
+}
+
+FusionPolicy& fusion_policy() {
+  static FusionPolicy p;
+  return p;
+}
+
+namespace {
+int64_t bytes_of(const ir::Type& t) { return t.numel() * static_cast<int64_t>(ir::dtype_size(t.dtype)); }
+}  // namespace
+
+// ---------------------------------------------------------------- recording
+
+Value DeviceGraph::bind_storage(Storage* s, const ir::Type& want, ir::Key& mapping, bool* reshaped) {
+  Value v;
+  if (s->pending.valid()) {
+    v = s->pending;
+    mapping.mix((1ULL << 40) | (static_cast<uint64_t>(v.node) << 8) | static_cast<uint64_t>(v.index));
+  } else if (s->param_index >= 0) {
+    v = Value{graph_.params()[s->param_index], 0};
+    mapping.mix((2ULL << 40) | static_cast<uint64_t>(s->param_index));
+  } else {
+    if (!s->buffer) {
+      if (s->failed) throw GraphError(runtime::ErrorCode::kFailedPrecondition, *s->failed, {});
+      throw std::logic_error("pjrt: a recorded op reads a storage that has no contents");
+    }
+    s->param_index = static_cast<int>(args_.size());
+    args_.push_back(s->buffer);
+    param_storage_.push_back(s);
+    v = graph_.param(ir::Type{s->dtype, s->dims});
+    mapping.mix((3ULL << 40) | static_cast<uint64_t>(s->param_index));
+  }
+  const ir::Type& have = graph_.type(v);
+  if (have == want) return v;
+  // Another thread flushed between recording and splicing: same elements, other dims.
+  if (have.dtype != want.dtype || have.numel() != want.numel()) {
+    throw std::logic_error("pjrt: a storage changed its element type while an op was being recorded");
+  }
+  *reshaped = true;
+  ir::Builder b(graph_);
+  return b.reshape(v, want.dims);
+}
+
+ir::Key DeviceGraph::head_signature(const Fragment& f) const {
+  ir::Key k = f.graph.key();
+  for (const auto& p : f.params) k.mix(p.storage ? (p.storage->pending.valid() ? 1 : 2) : 3);
+  return k;
+}
+
+std::vector<Check> DeviceGraph::record(Fragment&& f, RecordMode mode) {
+  bool flush_now = mode != RecordMode::Defer;
+  std::lock_guard<std::mutex> lock(mu_);
+  metrics().ops_recorded++;
+  const FusionPolicy& policy = fusion_policy();
+  if (!flush_now && policy.detect_loops && ops_.size() >= policy.min_loop && head_signature(f) == head_) {
+    // The graph's first op comes again: a loop body ends here. Cutting at the
+    // same place each iteration lets every iteration hit one cached program.
+    flush_locked(FlushReason::Loop, false);
+  }
+  if (ops_.empty()) head_ = head_signature(f);
+
+  const auto& fparams = f.graph.params();
+  bool can_adopt = graph_.empty();
+  for (size_t k = 0; can_adopt && k < f.params.size(); ++k) {
+    Storage* s = f.params[k].storage;
+    if (s && !(s->buffer && !s->pending.valid() && s->param_index < 0 &&
+               f.graph.type(Value{fparams[k], 0}) == ir::Type{s->dtype, s->dims})) {
+      can_adopt = false;
+    }
+  }
+  std::vector<int> node_map;
+  std::vector<Value> bound(f.params.size());
+  ir::Key mapping;
+  if (can_adopt) {
+    // Strict mode's path: the fragment becomes the graph as it is.
+    for (size_t k = 0; k < f.params.size(); ++k) {
+      auto& p = f.params[k];
+      bound[k] = Value{fparams[k], 0};
+      if (p.storage) {
+        p.storage->param_index = static_cast<int>(k);
+        args_.push_back(p.storage->buffer);
+        param_storage_.push_back(p.storage);
+        mapping.mix((3ULL << 40) | k);
+      } else {
+        args_.push_back(std::move(p.buffer));
+        param_storage_.push_back(nullptr);
+        mapping.mix((4ULL << 40) | k);
+      }
+    }
+  } else {
+    for (size_t k = 0; k < f.params.size(); ++k) {
+      auto& p = f.params[k];
+      if (p.storage) {
+        bool reshaped = false;
+        bound[k] = bind_storage(p.storage, f.graph.type(Value{fparams[k], 0}), mapping, &reshaped);
+        if (reshaped) mapping.mix(0x52ULL);
+      } else {
+        mapping.mix((4ULL << 40) | args_.size());
+        args_.push_back(std::move(p.buffer));
+        param_storage_.push_back(nullptr);
+        bound[k] = graph_.param(f.graph.type(Value{fparams[k], 0}));
+      }
+    }
+  }
+  // Where each fragment value lands in the graph (computed before the fragment moves).
+  std::vector<int> param_pos(f.graph.nodes().size(), -1);
+  for (size_t k = 0; k < fparams.size(); ++k) param_pos[fparams[k]] = static_cast<int>(k);
+  if (can_adopt) {
+    graph_.adopt(std::move(f.graph), mapping);
+  } else {
+    node_map = graph_.splice(f.graph, bound, mapping);
+  }
+  auto here = [&](Value v) {
+    if (param_pos[v.node] >= 0) return bound[param_pos[v.node]];
+    return can_adopt ? v : Value{node_map[v.node], v.index};
+  };
+  // Results last: an op that reads and writes one storage read its old contents above.
+  std::vector<std::pair<Storage*, Value>> results;
+  results.reserve(f.results.size());
+  for (auto& [s, v] : f.results) results.emplace_back(s, here(v));
+  for (auto& [s, v] : results) {
+    s->pending = v;
+    const ir::Type& t = graph_.type(v);
+    s->dims = t.dims;
+    s->dtype = t.dtype;
+    s->failed.reset();
+    if (s->live_index < 0) {
+      s->live_index = static_cast<int>(live_.size());
+      live_.push_back(s);
+    }
+  }
+  for (auto& flag : f.flags) {
+    flags_.push_back({here(flag.value), std::move(flag.message)});
+    flag_ops_.push_back(f.record);
+  }
+  if (f.nonfinite.valid()) {
+    Value nf = here(f.nonfinite);
+    ir::Builder b(graph_);
+    nonfinite_ = nonfinite_.valid() ? b.binary("or", nonfinite_, nf) : nf;
+  }
+  ops_.push_back(std::move(f.record));
+  if (flush_now) return flush_locked(FlushReason::Op, mode == RecordMode::RunAndCheck);
+  if (ops_.size() >= policy.max_ops) flush_locked(FlushReason::Size, false);
+  return {};
+}
+
+// ---------------------------------------------------------------- flushing
+
+void DeviceGraph::reset_locked() {
+  for (Storage* s : live_) {
+    if (!s) continue;
+    s->pending = Value{};
+    s->live_index = -1;
+  }
+  for (Storage* s : param_storage_) {
+    if (s) s->param_index = -1;
+  }
+  graph_.clear();
+  args_.clear();
+  param_storage_.clear();
+  live_.clear();
+  flags_.clear();
+  flag_ops_.clear();
+  nonfinite_ = Value{};
+  ops_.clear();
+  head_ = ir::Key();
+}
+
+void DeviceGraph::flush(FlushReason reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  flush_locked(reason, false);
+}
+
+std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_checks) {
+  if (ops_.empty()) return {};
+  ir::Builder b(graph_);
+  std::vector<Value> outs;
+  std::vector<Storage*> out_storage;
+  for (Storage* s : live_) {
+    if (!s) continue;
+    outs.push_back(s->pending);
+    out_storage.push_back(s);
+  }
+  // Donation: a storage overwritten by this program whose old buffer nothing
+  // else holds (no other storage, no pending host copy) gives that buffer to
+  // its new contents, so in-place updates do not double peak memory.
+  std::vector<std::pair<size_t, size_t>> donated;  // (param, output)
+  if (fusion_policy().donate) {
+    for (size_t k = 0; k < out_storage.size(); ++k) {
+      Storage* s = out_storage[k];
+      if (s->param_index < 0 || !s->buffer) continue;
+      size_t p = static_cast<size_t>(s->param_index);
+      if (args_[p].get() != s->buffer.get() || args_[p].use_count() != 2) continue;
+      const ir::Type& pt = graph_.type(Value{graph_.params()[p], 0});
+      const ir::Type& vt = graph_.type(outs[k]);
+      if (pt.dtype != vt.dtype || pt.numel() != vt.numel()) continue;
+      outs[k] = b.reshape(outs[k], pt.dims);
+      donated.emplace_back(p, k);
+    }
+  }
+  if (outs.empty() && flags_.empty() && !nonfinite_.valid()) {
+    // Nothing recorded is still referenced: there is nothing to compute.
+    std::lock_guard<std::mutex> lock(metrics().mu);
+    metrics().flush_reasons["nothing_live"]++;
+    reset_locked();
+    return {};
+  }
+  size_t first_flag = outs.size();
+  for (auto& f : flags_) outs.push_back(f.value);
+  size_t nonfinite_index = outs.size();
+  if (nonfinite_.valid()) outs.push_back(nonfinite_);
+  graph_.set_outputs(outs);
+  ir::Key key = graph_.key();
+  for (auto [p, k] : donated) {
+    graph_.set_param_attr(p, "tf.aliasing_output = " + std::to_string(k) + " : i32");
+    key.mix((static_cast<uint64_t>(p) << 32) | k);
+  }
+  key.mix(0xD0ULL + donated.size());
+
+  std::string label = ops_.size() == 1 ? ops_[0].op : "fused graph (" + std::to_string(ops_.size()) + " ops)";
+  std::vector<std::unique_ptr<runtime::Buffer>> results;
+  std::unique_ptr<runtime::Event> done;
+  try {
+    auto exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
+    std::vector<PJRT_Buffer*> raw;
+    raw.reserve(args_.size());
+    for (auto& a : args_) raw.push_back(a->raw());
+    results = exe->execute(rt_.device(device_), raw, &done);
+  } catch (const runtime::PjrtError& e) {
+    // Nothing of this program is applied: written storages keep their old
+    // buffers; fresh results remember why they have no contents.
+    auto why = std::make_shared<const std::string>(std::string("its value was never computed: ") + e.what());
+    for (Storage* s : out_storage) {
+      if (!s->buffer) s->failed = why;
+    }
+    std::vector<OpRecord> ops = std::move(ops_);
+    reset_locked();
+    throw GraphError(e.code(), e.what(), std::move(ops));
+  }
+  auto& m = metrics();
+  m.executions++;
+  m.graphs++;
+  m.graph_ops += static_cast<int64_t>(ops_.size());
+  int64_t n_ops = static_cast<int64_t>(ops_.size()), prev = m.max_graph_ops.load();
+  while (n_ops > prev && !m.max_graph_ops.compare_exchange_weak(prev, n_ops)) {
+  }
+  m.graph_outputs += static_cast<int64_t>(out_storage.size());
+  m.donated_buffers += static_cast<int64_t>(donated.size());
+  if (reason != FlushReason::Op) {
+    std::lock_guard<std::mutex> lock(m.mu);
+    m.flush_reasons[flush_reason_name(reason)]++;
+  }
+  for (auto [p, k] : donated) args_[p]->mark_donated();
+
+  runtime::MemoryCounter* counter = &memory_counter(device_);
+  std::vector<std::shared_ptr<runtime::Buffer>> shared;
+  shared.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    results[i]->track(counter, bytes_of(graph_.type(outs[i])));
+    shared.emplace_back(std::move(results[i]));
+  }
+  auto program = std::make_shared<const std::vector<OpRecord>>(std::move(ops_));
+  for (size_t k = 0; k < out_storage.size(); ++k) {
+    Storage* s = out_storage[k];
+    const ir::Type& t = graph_.type(outs[k]);
+    s->buffer = shared[k];
+    s->dims = t.dims;
+    s->dtype = t.dtype;
+    s->producer = program;
+    s->failed.reset();
+  }
+  std::vector<Check> checks;
+  for (size_t i = 0; i < flags_.size(); ++i) {
+    checks.push_back({shared[first_flag + i], std::move(flags_[i].message), flag_ops_[i]});
+  }
+  if (nonfinite_.valid()) {
+    checks.push_back({shared[nonfinite_index], "", program->back(), true});
+  }
+  reset_locked();
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (done) {
+      if (launched_.size() >= 256) {
+        launched_.erase(std::remove_if(launched_.begin(), launched_.end(), [](auto& e) { return e->is_ready(); }),
+                        launched_.end());
+      }
+      launched_.push_back(std::move(done));
+    }
+    // Debug mode reads its checks at once; the others are read at the next sync.
+    if (!return_checks) {
+      for (auto& c : checks) checks_.push_back(std::move(c));
+      checks.clear();
+    }
+  }
+  return checks;
+}
+
+void DeviceGraph::materialize(Storage* s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->pending.valid()) flush_locked(FlushReason::Sync, false);
+}
+
+void DeviceGraph::forget(Storage* s) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->live_index >= 0) {
+    live_[s->live_index] = nullptr;
+    metrics().dropped_values++;
+  }
+  if (s->param_index >= 0) param_storage_[s->param_index] = nullptr;
+  s->pending = Value{};
+  s->live_index = -1;
+  s->param_index = -1;
+}
+
+void DeviceGraph::assign(Storage* s, std::shared_ptr<runtime::Buffer> buffer, std::vector<int64_t> dims,
+                         ir::DType dtype, ProgramOps producer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (s->live_index >= 0) live_[s->live_index] = nullptr;
+  // Ops recorded earlier keep reading the old buffer through their parameter.
+  if (s->param_index >= 0) param_storage_[s->param_index] = nullptr;
+  s->pending = Value{};
+  s->live_index = -1;
+  s->param_index = -1;
+  s->buffer = std::move(buffer);
+  s->dims = std::move(dims);
+  s->dtype = dtype;
+  s->producer = std::move(producer);
+  s->failed.reset();
+}
+
+void DeviceGraph::await_all() {
+  std::vector<std::unique_ptr<runtime::Event>> events;
+  {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    events.swap(launched_);
+  }
+  std::exception_ptr first;
+  for (auto& e : events) {
+    try {
+      e->await();
+    } catch (...) {
+      if (!first) first = std::current_exception();
+    }
+  }
+  if (first) std::rethrow_exception(first);
+}
+
+std::vector<Check> DeviceGraph::take_checks() {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  std::vector<Check> out;
+  out.swap(checks_);
+  return out;
+}
+
+size_t DeviceGraph::pending_ops() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ops_.size();
+}
+
+namespace {
+constexpr int kMaxGraphs = 64;
+std::atomic<DeviceGraph*>* graph_slots() {
+  static auto* slots = new std::atomic<DeviceGraph*>[kMaxGraphs]();  // leaked: storages may die at exit
+  return slots;
+}
+}  // namespace
+
+DeviceGraph& device_graph(Runtime& rt, int device) {
+  if (device < 0 || device >= kMaxGraphs) device = 0;
+  auto& slot = graph_slots()[device];
+  DeviceGraph* g = slot.load(std::memory_order_acquire);
+  if (g) return *g;
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  g = slot.load();
+  if (!g) {
+    g = new DeviceGraph(rt, device);
+    slot.store(g, std::memory_order_release);
+  }
+  return *g;
+}
+
+std::vector<DeviceGraph*> device_graphs() {
+  std::vector<DeviceGraph*> out;
+  for (int i = 0; i < kMaxGraphs; ++i) {
+    if (DeviceGraph* g = graph_slots()[i].load()) out.push_back(g);
+  }
+  return out;
+}
+
+}  // namespace torch_pjrt::executor
