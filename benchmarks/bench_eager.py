@@ -1,6 +1,8 @@
 """Eager benchmarks, measured side by side in one run (not a test).
 
-  per-op overhead on tiny tensors (cache-hit path) vs PyTorch CPU eager
+  per-op overhead on tiny tensors vs PyTorch CPU eager: strict (one program per
+  op, cache hit), fused (ops recorded, run as one program per loop body), and
+  fused recording alone (no flush inside the timed loop)
   1024x1024 matmul vs PyTorch CPU
   transformer training step vs PyTorch CPU
   first training step cold (empty disk cache) vs warm (second process, disk cache)
@@ -40,9 +42,28 @@ def per_call_us(fn, device: str, iters: int) -> float:
     return (time.perf_counter() - start) / iters * 1e6
 
 
+def recording_us(fn, iters: int) -> float:
+    """Fused mode's cost of recording an op, flushes kept out of the timed loop."""
+    policy = torch_pjrt.fusion_policy()
+    torch_pjrt.set_fusion_policy(max_ops=iters + 100, detect_loops=False)
+    try:
+        with torch_pjrt.eager_mode("fused"):
+            for _ in range(20):
+                fn()
+            torch_pjrt.synchronize()
+            start = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            elapsed = time.perf_counter() - start
+            torch_pjrt.synchronize()
+    finally:
+        torch_pjrt.set_fusion_policy(max_ops=int(policy["max_ops"]), detect_loops=bool(policy["detect_loops"]))
+    return elapsed / iters * 1e6
+
+
 def op_overhead() -> None:
-    print("per-op eager overhead, 16-element float32 tensors (us/op, lower is better)")
-    print(f"  {'op':<12}{'pjrt':>10}{'cpu':>10}{'ratio':>8}")
+    print("per-op eager overhead, 16-element float32 tensors (us/op, lower is better; ratios against cpu)")
+    print(f"  {'op':<12}{'strict':>9}{'fused':>9}{'record':>9}{'cpu':>9}{'strict/cpu':>12}{'record/cpu':>12}")
     for name, fn in [("add", lambda a, b: a + b), ("mul_scalar", lambda a, b: a * 0.5),
                      ("relu", lambda a, b: torch.relu(a)), ("sum", lambda a, b: a.sum()),
                      ("add_", lambda a, b: a.add_(b)), ("view+add", lambda a, b: a.view(4, 4).t() + 1)]:
@@ -50,8 +71,13 @@ def op_overhead() -> None:
         for device in ("pjrt", "cpu"):
             a = torch.randn(16, device=device)
             b = torch.randn(16, device=device)
-            res[device] = per_call_us(lambda: fn(a, b), device, 2000)
-        print(f"  {name:<12}{res['pjrt']:>10.1f}{res['cpu']:>10.1f}{res['pjrt'] / res['cpu']:>8.1f}")
+            res[device] = per_call_us(lambda: fn(a, b), device, 3000)
+            if device == "pjrt":
+                with torch_pjrt.eager_mode("fused"):
+                    res["fused"] = per_call_us(lambda: fn(a, b), device, 3000)
+                res["record"] = recording_us(lambda: fn(a, b), 3000)
+        print(f"  {name:<12}{res['pjrt']:>9.2f}{res['fused']:>9.2f}{res['record']:>9.2f}{res['cpu']:>9.2f}"
+              f"{res['pjrt'] / res['cpu']:>12.2f}{res['record'] / res['cpu']:>12.2f}")
 
 
 def matmul() -> None:

@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
-# Runs every test: C++ unit tests for the torch-free layers, then pytest.
+# Runs every test: C++ unit tests for the torch-free layers, then pytest in
+# strict eager mode (the whole suite), then the op, view, autograd, training,
+# model and conformance-slice tests again in fused eager mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 PLUGIN=$(.venv/bin/python -c "import torch_pjrt._plugins as p; print(p.choose_plugin().path)")
 echo "== C++ tests (plugin: $PLUGIN)"
 TORCH_PJRT_TEST_PLUGIN="$PLUGIN" ./build/cpp_tests --gtest_brief=1
-echo "== Python tests"
 export TORCH_PJRT_CACHE_DIR="${TORCH_PJRT_CACHE_DIR:-$(mktemp -d)}"
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+if [ $# -gt 0 ]; then  # a selection: run it once, in the mode the environment names
+  .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+  exit
+fi
+echo "== Python tests, strict eager"
+TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+echo "== Python tests, fused eager"
+FUSED=""
+for t in ops ops_extra nn views foreach rng training models hf pretrained autocast serialization errors conformance; do
+  FUSED="$FUSED tests/python/test_$t.py"
+done
+# shellcheck disable=SC2086
+TORCH_PJRT_EAGER_MODE=fused .venv/bin/python -m pytest -q -p no:cacheprovider $FUSED

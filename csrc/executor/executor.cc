@@ -231,7 +231,7 @@ void Runtime::evict_locked() {
 
 std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key& cache_key,
                                                                    const std::function<std::string()>& print,
-                                                                   const std::string& op) {
+                                                                   const std::function<std::string()>& op) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = memory_.find(cache_key);
@@ -263,7 +263,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
     metrics().compile_ns += ns;
     {
       std::lock_guard<std::mutex> lock(metrics().mu);
-      metrics().compiles_by_op[op]++;
+      metrics().compiles_by_op[op()]++;
     }
     if (disk_.enabled()) {
       try {

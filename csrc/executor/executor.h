@@ -80,11 +80,11 @@ class Runtime {
   int device_count() const { return static_cast<int>(client_->devices().size()); }
 
   // Finds the executable of the program with structural key `key`; on a miss
-  // prints it (`mlir()`), then tries the disk tier, then compiles. `op` names
-  // the requester in metrics.
+  // prints it (`mlir()`), then tries the disk tier, then compiles. `op()`
+  // names the requester in metrics (both are called only on a miss).
   std::shared_ptr<runtime::LoadedExecutable> get_executable(const ir::Key& key,
                                                            const std::function<std::string()>& mlir,
-                                                           const std::string& op);
+                                                           const std::function<std::string()>& op);
   // Identity of plugin + version + compile options + CPU: part of every disk key.
   const std::string& identity() const { return identity_; }
   DiskCache& disk_cache() { return disk_; }

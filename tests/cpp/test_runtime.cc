@@ -133,7 +133,7 @@ TEST(DiskCache, StoreLoadAndRejectCorruption) {
 std::shared_ptr<runtime::LoadedExecutable> get(executor::Runtime& rt, const std::string& mlir, const char* op) {
   ir::Key key;
   key.mix(mlir);
-  return rt.get_executable(key, [&] { return mlir; }, op);
+  return rt.get_executable(key, [&] { return mlir; }, [&] { return std::string(op); });
 }
 
 TEST(Executor, RuntimeCachesExecutables) {

@@ -136,7 +136,11 @@ def test_optimizer_state_roundtrip():
         m(x).pow(2).mean().backward()
         o.step()
     for a, b in zip(model.parameters(), clone.parameters()):
-        assert torch.equal(a.detach().cpu(), b.detach().cpu())
+        # Bit-identical in strict mode; fused mode may fuse the two steps' programs
+        # differently (XLA contracts multiply-adds inside a fusion), a last-bit matter.
+        torch.testing.assert_close(a.detach().cpu(), b.detach().cpu(), rtol=2e-6, atol=1e-7)
+        if torch_pjrt.eager_mode() == "strict":
+            assert torch.equal(a.detach().cpu(), b.detach().cpu())
 
 
 def test_load_cpu_checkpoint_onto_device():
