@@ -7,7 +7,7 @@ the table shows median step times, fused/cpu (above 1: pjrt is slower than
 CPU eager), strict/fused (the fused speed-up), and the compiles fused mode did
 during the timed steps (0: it settled on cached programs).
 
-  .venv/bin/python benchmarks/bench_models.py [--steps N] [--warmup N] [--threads N] [--rows GPT,CNN]
+  .venv/bin/python benchmarks/bench_models.py [--steps N] [--warmup N] [--threads N] [--rows "GPT;CNN"]
 
 CPU eager uses torch.get_num_threads() intra-op threads (printed; --threads sets
 it). On a loaded machine, OpenMP threads that wait on busy cores inflate the CPU
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
-    parser.add_argument("--rows", default="", help="comma-separated substrings of the rows to run")
+    parser.add_argument("--rows", default="", help="semicolon-separated substrings of the rows to run")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -164,7 +164,7 @@ def main() -> None:
     print(f"  {'model':<32}{'strict':>9}{'fused':>9}{'cpu':>9}{'fused/cpu':>11}{'strict/fused':>14}"
           f"{'fused compiles':>16}   CPU fallbacks")
     for name, make in ROWS:
-        if args.rows and not any(r.lower() in name.lower() for r in args.rows.split(",")):
+        if args.rows and not any(r.lower() in name.lower() for r in args.rows.split(";")):
             continue
         cpu_ms = median_ms(make, "cpu", args.warmup, args.steps)
         try:

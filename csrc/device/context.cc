@@ -500,30 +500,55 @@ OpBuilder::StorageSlot& OpBuilder::slot(executor::Storage* s, DType read_dtype, 
 }
 
 namespace {
-struct DenseBlock {
+// A view that is the leading corner of a reshaped window of its storage: a
+// dense block, or a slice of one (split/narrow/chunk of a last dim, every
+// other row ...). window_dims are the window's dims in decreasing-stride
+// order; the view covers [0, corner) of them (plus size-1 and broadcast dims).
+struct StridedBox {
   bool ok = false;
-  std::vector<int64_t> order;     // kept dims, by decreasing stride
-  std::vector<int64_t> kept;      // kept dims, in original order
-  int64_t size = 1;
+  std::vector<int64_t> order;        // kept dims, by decreasing stride
+  std::vector<int64_t> kept;         // kept dims, in original order
+  std::vector<int64_t> window_dims;  // the window, reshaped
+  std::vector<int64_t> corner;       // the view's extent in window_dims
+  int64_t window = 1;                // elements of the window
+  int64_t pad = 0;                   // zeros appended to the storage so that the window always fits
+  bool dense() const { return window_dims == corner; }
 };
 
-// Is the view a permutation of a dense block (plus size-1 and broadcast dims)?
-DenseBlock dense_block(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  DenseBlock blk;
+StridedBox strided_box(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  StridedBox box;
   for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d) {
-    if (sizes[d] != 1 && strides[d] != 0) blk.kept.push_back(d);
+    if (sizes[d] != 1 && strides[d] != 0) box.kept.push_back(d);
   }
-  blk.order = blk.kept;
-  std::stable_sort(blk.order.begin(), blk.order.end(),
+  box.order = box.kept;
+  std::stable_sort(box.order.begin(), box.order.end(),
                    [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
-  int64_t expect = 1;
-  for (auto it = blk.order.rbegin(); it != blk.order.rend(); ++it) {
-    if (strides[*it] != expect) return blk;
-    expect *= sizes[*it];
+  size_t k = box.order.size();
+  if (k == 0) {
+    box.ok = true;
+    return box;
   }
-  blk.size = expect;
-  blk.ok = true;
-  return blk;
+  for (size_t j = 0; j + 1 < k; ++j) {
+    int64_t outer = strides[box.order[j]], inner = strides[box.order[j + 1]];
+    if (outer % inner != 0 || outer < sizes[box.order[j + 1]] * inner) return box;  // overlapping or interleaved
+  }
+  box.window_dims.push_back(sizes[box.order[0]]);
+  box.corner.push_back(sizes[box.order[0]]);
+  for (size_t j = 0; j + 1 < k; ++j) {
+    box.window_dims.push_back(strides[box.order[j]] / strides[box.order[j + 1]]);
+    box.corner.push_back(sizes[box.order[j + 1]]);
+  }
+  int64_t innermost = strides[box.order[k - 1]];
+  if (innermost != 1) {
+    box.window_dims.push_back(innermost);
+    box.corner.push_back(1);
+  }
+  box.window = sizes[box.order[0]] * strides[box.order[0]];
+  // The window may run past the storage's end (the last row's gap): offset +
+  // window <= offset + last element + outermost stride <= storage + that stride.
+  box.pad = box.dense() ? 0 : strides[box.order[0]];
+  box.ok = true;
+  return box;
 }
 
 int64_t position(const std::vector<int64_t>& v, int64_t x) {
@@ -580,17 +605,24 @@ Value OpBuilder::input(const at::Tensor& t) {
   if (numel == 0) return builder_.constant(T, 0, sizes);
   int64_t offset = t.storage_offset();
   if (t.is_contiguous() && offset == 0 && numel == len) return builder_.reshape(flat, sizes);
-  DenseBlock blk = dense_block(t.sizes(), t.strides());
-  if (blk.ok) {
-    Value block = (offset == 0 && blk.size == len)
-                      ? flat
-                      : builder_.dynamic_slice(flat, {offset_param(offset)}, {blk.size});
+  StridedBox box = strided_box(t.sizes(), t.strides());
+  if (box.ok) {
+    Value block = flat;
+    if (!(offset == 0 && box.window == len)) {
+      if (box.pad > 0) flat = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});
+      block = builder_.dynamic_slice(flat, {offset_param(offset)}, {box.window});
+    }
     std::vector<int64_t> sorted_sizes, perm;
-    for (int64_t d : blk.order) sorted_sizes.push_back(t.size(d));
+    for (int64_t d : box.order) sorted_sizes.push_back(t.size(d));
+    if (!box.dense()) {
+      block = builder_.reshape(block, box.window_dims);
+      block = builder_.slice(block, std::vector<int64_t>(box.corner.size(), 0), box.corner,
+                             std::vector<int64_t>(box.corner.size(), 1));
+    }
     block = builder_.reshape(block, sorted_sizes);
-    for (int64_t d : blk.kept) perm.push_back(position(blk.order, d));
+    for (int64_t d : box.kept) perm.push_back(position(box.order, d));
     block = builder_.transpose(block, perm);
-    return builder_.broadcast_in_dim(block, sizes, blk.kept);
+    return builder_.broadcast_in_dim(block, sizes, box.kept);
   }
   // General strided view: gather the elements at its offsets.
   return builder_.gather(flat, element_offsets(t), {}, {0}, {0}, t.dim(), {1}, sizes);
@@ -614,19 +646,30 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
     s.flat = builder_.reshape(v, {len});
     return;
   }
-  DenseBlock blk = dense_block(dst.sizes(), dst.strides());
-  if (blk.ok) {
+  StridedBox box = strided_box(dst.sizes(), dst.strides());
+  if (box.ok) {
     // Drop broadcast (stride 0) and size-1 dims, then undo the permutation.
     std::vector<int64_t> start(sizes.size(), 0), limit = sizes, step(sizes.size(), 1);
     for (size_t d = 0; d < sizes.size(); ++d)
       if (dst.stride(d) == 0) limit[d] = std::min<int64_t>(1, sizes[d]);
     Value u = builder_.slice(v, start, limit, step);
     std::vector<int64_t> kept_sizes, perm;
-    for (int64_t d : blk.kept) kept_sizes.push_back(sizes[d]);
+    for (int64_t d : box.kept) kept_sizes.push_back(sizes[d]);
     u = builder_.reshape(u, kept_sizes);
-    for (int64_t d : blk.order) perm.push_back(position(blk.kept, d));
-    u = builder_.reshape(builder_.transpose(u, perm), {blk.size});
-    s.flat = builder_.dynamic_update_slice(flat, u, {offset_param(offset)});
+    for (int64_t d : box.order) perm.push_back(position(box.kept, d));
+    u = builder_.transpose(u, perm);
+    if (box.dense()) {
+      s.flat = builder_.dynamic_update_slice(flat, builder_.reshape(u, {box.window}), {offset_param(offset)});
+      return;
+    }
+    // Read the window around the view, write the corner, put the window back.
+    Value padded = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});
+    Value at = offset_param(offset);
+    Value win = builder_.reshape(builder_.dynamic_slice(padded, {at}, {box.window}), box.window_dims);
+    std::vector<Value> zeros(box.window_dims.size(), builder_.constant_int(DType::S64, 0));
+    win = builder_.dynamic_update_slice(win, builder_.reshape(u, box.corner), zeros);
+    padded = builder_.dynamic_update_slice(padded, builder_.reshape(win, {box.window}), {at});
+    s.flat = builder_.slice_dim(padded, 0, 0, len);
     return;
   }
   std::vector<int64_t> inserted{0};

@@ -108,7 +108,6 @@ std::vector<int> Graph::splice(const Graph& other, const std::vector<Value>& par
   std::vector<Value> base(other.nodes_.size());
   std::vector<int> node_map(other.nodes_.size(), -1);
   for (size_t k = 0; k < other.params_.size(); ++k) base[other.params_[k]] = param_values[k];
-  nodes_.reserve(nodes_.size() + other.nodes_.size());
   for (size_t id = 0; id < other.nodes_.size(); ++id) {
     const Node& n = other.nodes_[id];
     if (n.op == "arg") continue;
