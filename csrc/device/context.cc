@@ -464,7 +464,9 @@ executor::Storage& rng_storage(const at::Generator& gen) { return at::check_gene
 
 // ---------------------------------------------------------------- OpBuilder
 
-OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {}
+OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {
+  frag_.graph.reserve(6);  // a typical op's nodes (small enough for malloc's fast path)
+}
 
 int OpBuilder::device_for(const at::Tensor& t) {
   int d = t.device().index();

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/CachingDeviceAllocator.h>
+#include <c10/util/SmallVector.h>
 
 #include <memory>
 #include <string>
@@ -141,9 +142,10 @@ class OpBuilder {
   executor::Fragment frag_;
   ir::Builder builder_;
   int device_ = -1;
-  std::vector<StorageSlot> slots_;
-  std::vector<at::Tensor> keep_;  // tensors read or written: their storages outlive the recording
-  std::vector<std::pair<at::Tensor, ir::Value>> outputs_;
+  // Inline capacity: most ops touch a few storages; no heap allocation for them.
+  c10::SmallVector<StorageSlot, 4> slots_;
+  c10::SmallVector<at::Tensor, 4> keep_;  // tensors read or written: their storages outlive the recording
+  c10::SmallVector<std::pair<at::Tensor, ir::Value>, 2> outputs_;
   std::vector<std::pair<ir::Value, std::string>> flags_;
   at::Generator gen_;
 };

@@ -208,8 +208,15 @@ void DeviceGraph::flush(FlushReason reason) {
 std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_checks) {
   if (ops_.empty()) return {};
   ir::Builder b(graph_);
-  std::vector<Value> outs;
-  std::vector<Storage*> out_storage;
+  // Scratch lists kept across flushes (no allocation per op in strict mode).
+  std::vector<Value>& outs = scratch_outs_;
+  std::vector<Storage*>& out_storage = scratch_storage_;
+  std::vector<std::pair<size_t, size_t>>& donated = scratch_donated_;  // (param, output)
+  std::vector<PJRT_Buffer*>& raw = scratch_raw_;
+  outs.clear();
+  out_storage.clear();
+  donated.clear();
+  raw.clear();
   for (Storage* s : live_) {
     if (!s) continue;
     outs.push_back(s->pending);
@@ -218,7 +225,6 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   // Donation: a storage overwritten by this program whose old buffer nothing
   // else holds (no other storage, no pending host copy) gives that buffer to
   // its new contents, so in-place updates do not double peak memory.
-  std::vector<std::pair<size_t, size_t>> donated;  // (param, output)
   if (fusion_policy().donate) {
     for (size_t k = 0; k < out_storage.size(); ++k) {
       Storage* s = out_storage[k];
@@ -258,8 +264,6 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   std::unique_ptr<runtime::Event> done;
   try {
     auto exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
-    std::vector<PJRT_Buffer*> raw;
-    raw.reserve(args_.size());
     for (auto& a : args_) raw.push_back(a->raw());
     results = exe->execute(rt_.device(device_), raw, &done);
   } catch (const runtime::PjrtError& e) {

@@ -148,6 +148,10 @@ class DeviceGraph {
   ir::Value nonfinite_;
   std::vector<OpRecord> ops_;
   ir::Key head_;  // signature of the graph's first op (loop detection)
+  std::vector<ir::Value> scratch_outs_;
+  std::vector<Storage*> scratch_storage_;
+  std::vector<std::pair<size_t, size_t>> scratch_donated_;
+  std::vector<PJRT_Buffer*> scratch_raw_;
   std::mutex queue_mu_;
   std::vector<std::unique_ptr<runtime::Event>> launched_;  // completion events not yet awaited
   std::vector<Check> checks_;

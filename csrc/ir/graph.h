@@ -87,6 +87,7 @@ class Graph {
   // Takes `other` whole (this graph must be empty); the key absorbs it like splice.
   void adopt(Graph&& other, const Key& mapping_key);
   bool empty() const { return nodes_.empty(); }
+  void reserve(size_t nodes) { nodes_.reserve(nodes); }
   void clear();
 
   const Type& type(Value v) const;

@@ -90,8 +90,17 @@ const std::string* line_of(PyCodeObject* code, int lasti) {
   return text;
 }
 
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
 const std::string* capture_user_frame() {
-  if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
+  // A thread that never ran Python (autograd's engine threads) has no frame to report.
+  if (!Py_IsInitialized() || python_finalizing() || PyGILState_GetThisThreadState() == nullptr) return nullptr;
   PyGILState_STATE gil = PyGILState_Ensure();
   const std::string* where = nullptr;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed

@@ -16,6 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import MLP, SmallCNN, TinyTransformer, synthetic_images, synthetic_tokens
+from test_training import train
 
 import torch_pjrt
 
@@ -115,18 +116,10 @@ def test_rng_in_fused_mode_is_reproducible_and_advances(dev):
     assert torch.equal(torch.rand(10, device=dev).cpu(), c.cpu())
 
 
-def train_steps(model: torch.nn.Module, make_opt, batches, loss_fn, steps: int, device: str):
-    opt = make_opt(model.parameters())
-    compiles = []
-    losses = []
-    for step in range(steps):
-        x, y = (t.to(device) for t in batches[step % len(batches)])
-        opt.zero_grad()
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        compiles.append(torch_pjrt.metrics()["compiles"] if device != "cpu" else 0)
+def compiles_after_each_step(model, make_opt, batches, loss_fn, steps: int) -> tuple[list[float], list[int]]:
+    compiles: list[int] = []
+    losses = train(model, "pjrt", make_opt, batches, loss_fn, steps,
+                   after_step=lambda: compiles.append(torch_pjrt.metrics()["compiles"]))
     return losses, compiles
 
 
@@ -148,14 +141,14 @@ def test_training_settles_on_cached_programs(dev, name):
         make_opt = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)  # noqa: E731
     torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
-        dev_losses, compiles = train_steps(copy.deepcopy(model).to(dev), make_opt, batches, loss_fn, 36, "pjrt")
+        dev_losses, compiles = compiles_after_each_step(copy.deepcopy(model), make_opt, batches, loss_fn, 36)
     m = torch_pjrt.metrics()
     assert compiles[-1] == compiles[5], f"new compiles in steady state: {compiles}"
     # The loss read cuts each step once, the optimizer step once more: two graphs a step.
     assert m["graphs"] <= 2 * 36 + 4, m
     assert m["flush_reasons"].get("optimizer_step", 0) >= 30, m["flush_reasons"]
     assert m["graph_ops"] / m["graphs"] > 20, "graphs hold many ops"
-    cpu_losses, _ = train_steps(copy.deepcopy(model), make_opt, batches, loss_fn, 36, "cpu")
+    cpu_losses = train(copy.deepcopy(model), "cpu", make_opt, batches, loss_fn, 36)
     assert dev_losses[-1] < dev_losses[0]
     torch.testing.assert_close(dev_losses[:5], cpu_losses[:5], rtol=1e-4, atol=1e-5)  # before any drift
 
@@ -316,7 +309,7 @@ def test_mlp_training_matches_cpu_in_fused_mode(dev):
     batches = [(torch.randn(16, 32, generator=g), torch.randint(0, 10, (16,), generator=g)) for _ in range(4)]
     make_opt = lambda p: torch.optim.AdamW(p, lr=1e-2)  # noqa: E731
     with torch_pjrt.fallback_mode("error"):
-        dev_losses, _ = train_steps(copy.deepcopy(model).to(dev), make_opt, batches, F.cross_entropy, 10, "pjrt")
-    cpu_losses, _ = train_steps(copy.deepcopy(model), make_opt, batches, F.cross_entropy, 10, "cpu")
+        dev_losses = train(copy.deepcopy(model), "pjrt", make_opt, batches, F.cross_entropy, 10)
+    cpu_losses = train(copy.deepcopy(model), "cpu", make_opt, batches, F.cross_entropy, 10)
     torch.testing.assert_close(dev_losses[:4], cpu_losses[:4], rtol=1e-4, atol=1e-5)
     assert dev_losses[-1] < dev_losses[0]

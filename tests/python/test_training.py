@@ -14,9 +14,10 @@ import torch_pjrt
 
 
 def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20,
-          jitter: torch.Generator | None = None) -> list[float]:
+          jitter: torch.Generator | None = None, after_step=None) -> list[float]:
     """Trains and returns the losses. With `jitter`, every parameter is moved by
-    about one float32 ulp after each step (see trajectory.py)."""
+    about one float32 ulp after each step (see trajectory.py); `after_step()` is
+    called after each step."""
     model = model.to(device)
     opt = make_opt(model.parameters())
     losses = []
@@ -29,6 +30,8 @@ def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps
         if jitter is not None:
             jitter_ulp(model, jitter)
         losses.append(loss.item())
+        if after_step is not None:
+            after_step()
     return losses
 
 

@@ -162,3 +162,25 @@ def test_autograd_through_views():
 
     for d, c in zip(run("pjrt"), run("cpu")):
         assert_close(d, c)
+
+
+def test_sliced_window_views_read_and_write_like_cpu(dev):
+    """Views that are a slice of a reshaped window of their storage (split and
+    narrow of inner dims, every other row, a column block) read with a
+    pad + slice and write back into the window; all must match CPU."""
+    base = torch.arange(2 * 6 * 12, dtype=torch.float32).reshape(2, 6, 12)
+    d = base.to(dev)
+    for t in (base, d):
+        q, k, v = t.split(4, dim=2)         # qkv split: last-dim slices at offsets 0, 4, 8
+        s = q * 2 + k - v.flip(0)
+        rows = t[:, ::2, 3:9]               # strided rows, inner block
+        t[:, 1::2, 8:].mul_(-1)             # write into a window that ends at the storage's end
+        v.add_(100)                         # write into the last split
+        t.narrow(2, 1, 2).copy_(s[..., :2]) # write from a computed value
+        out = torch.cat([s.sum(-1), rows.reshape(2, -1)], 1)
+        if t is base:
+            expected = (t.clone(), out)
+        else:
+            got = (t.cpu(), out.cpu())
+    torch.testing.assert_close(got[0], expected[0])
+    torch.testing.assert_close(got[1], expected[1])
