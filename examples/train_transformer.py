@@ -53,12 +53,17 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--mode", choices=["strict", "fused", "debug"], default=None,
+                   help="eager mode on pjrt (default: TORCH_PJRT_EAGER_MODE, else strict)")
     args = p.parse_args()
+    if args.mode:
+        torch_pjrt.set_eager_mode(args.mode)
 
     torch.manual_seed(0)
     model = TinyTransformer(vocab=args.vocab, dim=args.dim, heads=4, layers=args.layers, seq=args.seq)
     info = torch_pjrt.platform()
-    print(f"pjrt platform: {info['platform']} {info['platform_version']} (PJRT C API {info['pjrt_c_api']})")
+    print(f"pjrt platform: {info['platform']} {info['platform_version']} (PJRT C API {info['pjrt_c_api']}), "
+          f"eager mode: {torch_pjrt.eager_mode()}")
     torch_pjrt.reset_metrics()
     dev_losses, dev_tps = train(copy.deepcopy(model), "pjrt", args.steps, args.batch, args.seq, args.vocab,
                                 args.warmup)
@@ -73,6 +78,7 @@ def main() -> None:
           f"ratio {dev_tps / cpu_tps:.2f}")
     fallbacks = m["fallbacks"]
     print(f"compiles: {m['compiles']} ({m['compile_seconds']:.1f} s), disk cache hits: {m['disk_cache_hits']}, "
+          f"programs run: {m['executions']} ({m['ops_recorded']} ops recorded), "
           f"CPU fallbacks: {sum(fallbacks.values())} calls {dict(fallbacks) if fallbacks else ''}")
     print(f"max |loss difference|: {max(abs(a - b) for a, b in zip(dev_losses, cpu_losses)):.2e}")
 

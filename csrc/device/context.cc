@@ -194,10 +194,10 @@ void flush_all(executor::FlushReason reason) {
   }
 }
 
-void materialize(StorageState* st) {
-  if (!st->is_pending()) return;
+std::shared_ptr<runtime::Buffer> materialize(StorageState* st) {
+  if (!runtime_ready()) return nullptr;
   try {
-    graph_of(st->device_index).materialize(st);
+    return graph_of(st->device_index).materialize(st);
   } catch (const executor::GraphError& e) {
     rethrow(e);
   }
@@ -317,12 +317,11 @@ at::Tensor to_cpu(const at::Tensor& t) {
     op.run();
     st = state_of(dense);
   }
-  materialize(st);
+  std::shared_ptr<runtime::Buffer> buffer = materialize(st);  // held: no later program may take it
   check_deferred_errors();
   executor::metrics().host_syncs++;
   auto out = at::empty(t.sizes(), t.options().device(at::kCPU));
   if (t.numel() == 0) return out;
-  std::shared_ptr<runtime::Buffer> buffer = st->buffer;
   if (!buffer) {
     TORCH_CHECK(!st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
     return out.zero_();
@@ -398,18 +397,17 @@ struct PjrtGenerator : public c10::GeneratorImpl {
   c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
     uint64_t words[2] = {seed_, offset_};
     auto* self = const_cast<PjrtGenerator*>(this);
-    self->materialize_state();
-    if (state_.buffer) state_.buffer->to_host(words, sizeof(words));
+    if (auto buffer = self->materialize_state()) buffer->to_host(words, sizeof(words));
     auto t = at::empty({16}, at::TensorOptions().dtype(at::kByte));
     std::memcpy(t.data_ptr(), words, sizeof(words));
     return t.getIntrusivePtr();
   }
   PjrtGenerator* clone_impl() const override {
-    const_cast<PjrtGenerator*>(this)->materialize_state();
+    auto buffer = const_cast<PjrtGenerator*>(this)->materialize_state();
     auto* g = new PjrtGenerator(device().index());
     g->seed_ = seed_;
     g->offset_ = offset_;
-    g->state_.buffer = state_.buffer;
+    g->state_.buffer = std::move(buffer);
     return g;
   }
   // The state as storage contents: uploaded from (seed, offset) when first used.
@@ -421,10 +419,10 @@ struct PjrtGenerator : public c10::GeneratorImpl {
     }
     return state_;
   }
-  void materialize_state() {
-    if (!state_.is_pending()) return;
+  std::shared_ptr<runtime::Buffer> materialize_state() {
+    if (!runtime_ready()) return nullptr;
     try {
-      graph_of(state_.device_index).materialize(&state_);
+      return graph_of(state_.device_index).materialize(&state_);
     } catch (const executor::GraphError& e) {
       rethrow(e);
     }
@@ -560,7 +558,7 @@ int64_t position(const std::vector<int64_t>& v, int64_t x) {
 
 Value OpBuilder::offset_param(int64_t offset) {
   // A runtime parameter, so views at different offsets share one program.
-  return param(device_scalar(device_, DType::S64, &offset), ir::Type{DType::S64, {}});
+  return scalar_param(DType::S64, &offset);
 }
 
 Value OpBuilder::element_offsets(const at::Tensor& t) {
@@ -597,9 +595,8 @@ Value OpBuilder::input(const at::Tensor& t) {
     TORCH_CHECK(t.device().is_cpu(), "pjrt: ", op_, ": cannot mix pjrt and ", t.device(), " tensors");
     TORCH_CHECK(t.dim() == 0, "pjrt: ", op_, ": expected all tensors on the pjrt device, but got a CPU tensor with shape ",
                 t.sizes(), " (move it with .to('pjrt'))");
-    int device = device_ >= 0 ? device_ : 0;
     at::Tensor c = t.contiguous();
-    return param(device_scalar(device, T, c.data_ptr()), ir::Type{T, {}});
+    return scalar_param(T, c.data_ptr());
   }
   Value flat = storage_flat(t, nullptr);
   int64_t len = builder_.dims(flat)[0];
@@ -678,9 +675,17 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
   s.flat = builder_.scatter(flat, element_offsets(dst), v, {}, inserted, inserted, dst.dim(), "");
 }
 
+Value OpBuilder::scalar_param(DType dtype, const void* bytes) {
+  // The device may not be known yet (a scalar read before any tensor): the
+  // buffer is found when the op is recorded.
+  PendingScalar p{frag_.params.size(), dtype, 0};
+  std::memcpy(&p.bits, bytes, ir::dtype_size(dtype));
+  scalars_.push_back(p);
+  return param(nullptr, ir::Type{dtype, {}});
+}
+
 Value OpBuilder::scalar(const at::Scalar& s, at::ScalarType dtype) {
   DType T = to_ir(dtype);
-  int device = device_ >= 0 ? device_ : 0;
   // Convert on the host with torch's own rules (fill_'s Scalar::to), then ship the bytes.
   alignas(8) unsigned char bytes[8] = {0};
   auto put = [&](auto v) { std::memcpy(bytes, &v, sizeof(v)); };
@@ -697,12 +702,15 @@ Value OpBuilder::scalar(const at::Scalar& s, at::ScalarType dtype) {
       std::memcpy(bytes, host.data_ptr(), host.element_size());
     }
   }
-  return param(device_scalar(device, T, bytes), ir::Type{T, {}});
+  return scalar_param(T, bytes);
 }
 
 Value OpBuilder::rng_state(const at::Generator& gen) {
   gen_ = gen;
-  if (device_ < 0) device_ = gen.device().index();
+  int gen_device = gen.device().index() < 0 ? 0 : gen.device().index();
+  if (device_ < 0) device_ = gen_device;
+  TORCH_CHECK(device_ == gen_device, "pjrt: ", op_, ": the generator is on pjrt:", gen_device,
+              " but the op runs on pjrt:", device_);
   executor::Storage& st = rng_storage(gen);
   return slot(&st, DType::U64, 2).flat;
 }
@@ -735,6 +743,7 @@ void OpBuilder::check_flag(Value flag, const std::string& message) {
 
 void OpBuilder::run() {
   if (device_ < 0) device_ = 0;
+  for (const auto& p : scalars_) frag_.params[p.param].buffer = device_scalar(device_, p.dtype, &p.bits);
   Value any_bad;
   for (auto& f : flags_) {
     any_bad = any_bad.valid() ? builder_.binary("or", any_bad, f.first) : f.first;
@@ -757,7 +766,7 @@ void OpBuilder::run() {
     }
     frag_.results.emplace_back(s.state, nv);
   }
-  if (any_bad.valid()) frag_.flags.push_back({any_bad, flags_[0].second});
+  for (auto& f : flags_) frag_.flags.push_back({f.first, f.second});
   if (debug) {
     Value nonfinite;
     for (auto& o : outputs_) {

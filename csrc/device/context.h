@@ -62,8 +62,9 @@ const char* eager_mode_name(EagerMode mode);
 executor::DeviceGraph& graph_of(int device);
 // Launches every device's pending graph (a mark_step); does not wait.
 void flush_all(executor::FlushReason reason);
-// Makes the storage's buffer hold its contents (flushes its device graph if needed).
-void materialize(StorageState* st);
+// Flushes the storage's device graph if its contents are pending; returns its
+// buffer (taken under the graph's lock; null when never written).
+std::shared_ptr<runtime::Buffer> materialize(StorageState* st);
 // Sets a storage's contents to a host-made buffer.
 void assign(StorageState* st, std::shared_ptr<runtime::Buffer> buffer, std::vector<int64_t> dims, ir::DType dtype);
 // Uploads dense host data to a new (memory-counted) device buffer.
@@ -134,6 +135,7 @@ class OpBuilder {
   StorageSlot& slot(executor::Storage* s, ir::DType read_dtype, int64_t empty_elements);
   ir::Value param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type);
   ir::Value offset_param(int64_t offset);
+  ir::Value scalar_param(ir::DType dtype, const void* bytes);
   ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);
   ir::Value element_offsets(const at::Tensor& t);
   int device_for(const at::Tensor& t);
@@ -147,6 +149,12 @@ class OpBuilder {
   c10::SmallVector<at::Tensor, 4> keep_;  // tensors read or written: their storages outlive the recording
   c10::SmallVector<std::pair<at::Tensor, ir::Value>, 2> outputs_;
   std::vector<std::pair<ir::Value, std::string>> flags_;
+  struct PendingScalar {
+    size_t param;  // index in the fragment's params
+    ir::DType dtype;
+    uint64_t bits;
+  };
+  c10::SmallVector<PendingScalar, 4> scalars_;
   at::Generator gen_;
 };
 

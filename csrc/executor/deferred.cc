@@ -93,6 +93,18 @@ std::vector<Check> DeviceGraph::record(Fragment&& f, RecordMode mode) {
   }
   if (ops_.empty()) head_ = head_signature(f);
 
+  for (const auto& p : f.params) {
+    if (p.storage && p.storage->device_index != device_) {
+      throw std::logic_error("pjrt: an op recorded for device " + std::to_string(device_) +
+                             " reads a storage of device " + std::to_string(p.storage->device_index));
+    }
+  }
+  for (const auto& r : f.results) {
+    if (r.first->device_index != device_) {
+      throw std::logic_error("pjrt: an op recorded for device " + std::to_string(device_) +
+                             " writes a storage of device " + std::to_string(r.first->device_index));
+    }
+  }
   const auto& fparams = f.graph.params();
   bool can_adopt = graph_.empty();
   for (size_t k = 0; can_adopt && k < f.params.size(); ++k) {
@@ -267,15 +279,9 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
     for (auto& a : args_) raw.push_back(a->raw());
     results = exe->execute(rt_.device(device_), raw, &done);
   } catch (const runtime::PjrtError& e) {
-    // Nothing of this program is applied: written storages keep their old
-    // buffers; fresh results remember why they have no contents.
-    auto why = std::make_shared<const std::string>(std::string("its value was never computed: ") + e.what());
-    for (Storage* s : out_storage) {
-      if (!s->buffer) s->failed = why;
-    }
-    std::vector<OpRecord> ops = std::move(ops_);
-    reset_locked();
-    throw GraphError(e.code(), e.what(), std::move(ops));
+    fail_locked(out_storage, e.code(), e.what());
+  } catch (const std::exception& e) {
+    fail_locked(out_storage, runtime::ErrorCode::kInternal, e.what());
   }
   auto& m = metrics();
   m.executions++;
@@ -335,9 +341,33 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   return checks;
 }
 
-void DeviceGraph::materialize(Storage* s) {
+void DeviceGraph::fail_locked(const std::vector<Storage*>& outputs, runtime::ErrorCode code, const std::string& what) {
+  // Nothing of this program is applied: written storages keep their old
+  // buffers (and get the buffers' dims and dtype back); fresh results
+  // remember why they have no contents.
+  auto why = std::make_shared<const std::string>("its value was never computed: " + what);
+  for (Storage* s : outputs) {
+    if (s->buffer) {
+      try {
+        s->dims = s->buffer->dims();
+        s->dtype = from_pjrt(s->buffer->element_type());
+      } catch (const std::exception&) {
+        s->buffer.reset();
+        s->failed = why;
+      }
+    } else {
+      s->failed = why;
+    }
+  }
+  std::vector<OpRecord> ops = std::move(ops_);
+  reset_locked();
+  throw GraphError(code, what, std::move(ops));
+}
+
+std::shared_ptr<runtime::Buffer> DeviceGraph::materialize(Storage* s) {
   std::lock_guard<std::mutex> lock(mu_);
   if (s->pending.valid()) flush_locked(FlushReason::Sync, false);
+  return s->buffer;
 }
 
 void DeviceGraph::forget(Storage* s) {

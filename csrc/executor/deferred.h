@@ -117,8 +117,8 @@ class DeviceGraph {
   std::vector<Check> record(Fragment&& f, RecordMode mode);
   // Compiles and launches the pending graph (asynchronously); no-op when empty.
   void flush(FlushReason reason);
-  // Flushes when `s` is pending, so that s->buffer holds its contents.
-  void materialize(Storage* s);
+  // Flushes when `s` is pending; returns s->buffer, read under the lock.
+  std::shared_ptr<runtime::Buffer> materialize(Storage* s);
   // The storage is being destroyed: its pending value is dropped.
   void forget(Storage* s);
   // Sets the storage's contents directly (host copies): drops what was pending.
@@ -135,6 +135,8 @@ class DeviceGraph {
   ir::Value bind_storage(Storage* s, const ir::Type& want, ir::Key& mapping, bool* reshaped);
   ir::Key head_signature(const Fragment& f) const;
   void reset_locked();
+  [[noreturn]] void fail_locked(const std::vector<Storage*>& outputs, runtime::ErrorCode code,
+                                const std::string& what);
 
   Runtime& rt_;
   int device_;

@@ -60,6 +60,7 @@ bool is_library_code(PyCodeObject* code) {
   auto it = cache.find(code);
   if (it != cache.end()) return it->second;
   const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (!file) PyErr_Clear();
   std::string path = file ? file : "";
   bool library = path.rfind("<frozen", 0) == 0 || path.find("/torch/") != std::string::npos ||
                  (!g_package_dir.empty() && path.rfind(g_package_dir, 0) == 0);
@@ -82,7 +83,9 @@ const std::string* line_of(PyCodeObject* code, int lasti) {
   if (it != cache.end()) return it->second;
   if (cache.size() >= (1u << 16)) return nullptr;
   const char* file = PyUnicode_AsUTF8(code->co_filename);
+  if (!file) PyErr_Clear();
   const char* name = PyUnicode_AsUTF8(code->co_name);
+  if (!name) PyErr_Clear();
   auto* text = new std::string(std::string(file ? file : "?") + ":" + std::to_string(PyCode_Addr2Line(code, lasti)) +
                                " in " + (name ? name : "?"));
   Py_INCREF(code);

@@ -87,21 +87,45 @@ def test_debug_mode_from_environment():
 
 def test_out_of_memory_is_torch_oom_and_keeps_tensors():
     code = (
-        "import resource, torch\n"
+        "import resource, torch, torch_pjrt\n"
         "resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))\n"
-        "keep = torch.arange(4.0, device='pjrt')\n"
+        "keep = torch.arange(4.0, device='pjrt').reshape(2, 2)\n"
         "torch.pjrt.synchronize()\n"
         "try:\n"
+        "    keep.add_(1)  # fused mode: in the graph that fails, so not applied\n"
         "    big = torch.ones(2**33, device='pjrt')  # held: fused mode must materialize it too\n"
         "    big.sum().item()\n"
         "except torch.OutOfMemoryError as e:\n"
         "    print('OOM', 'aten::' in str(e))\n"
-        "print(keep.cpu().tolist())\n"
+        "print((keep * 2).cpu().tolist(), torch_pjrt.eager_mode())\n"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "OOM True" in r.stdout
-    assert "[0.0, 1.0, 2.0, 3.0]" in r.stdout
+    # The tensor stays usable (its dims and dtype are those of the buffer it kept).
+    if "fused" in r.stdout:
+        assert "[[0.0, 2.0], [4.0, 6.0]] fused" in r.stdout, r.stdout
+    else:
+        assert "[[2.0, 4.0], [6.0, 8.0]]" in r.stdout, r.stdout
+
+
+def test_generator_of_another_device_is_an_error():
+    code = (
+        "import torch, torch_pjrt\n"
+        "g = torch.Generator('pjrt:0')\n"
+        "try:\n"
+        "    torch.normal(torch.zeros(3, device='pjrt:1'), torch.ones(3, device='pjrt:1'), generator=g)\n"
+        "    torch.pjrt.synchronize()\n"
+        "except RuntimeError as e:\n"
+        "    print('refused:', 'generator' in str(e).lower() or 'device' in str(e).lower())\n"
+        "g.manual_seed(1)\n"
+        "print(torch.rand(2, device='pjrt:0', generator=g).cpu().shape, (torch.ones(2, device='pjrt:1') + 1).cpu().tolist())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, TORCH_PJRT_CPU_DEVICES="2"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "refused: True" in r.stdout, r.stdout
+    assert "torch.Size([2]) [2.0, 2.0]" in r.stdout, r.stdout
 
 
 def test_bad_arguments(dev):
