@@ -313,3 +313,22 @@ def test_mlp_training_matches_cpu_in_fused_mode(dev):
     cpu_losses = train(copy.deepcopy(model), "cpu", make_opt, batches, F.cross_entropy, 10)
     torch.testing.assert_close(dev_losses[:4], cpu_losses[:4], rtol=1e-4, atol=1e-5)
     assert dev_losses[-1] < dev_losses[0]
+
+
+def test_explicit_sync_launches_without_waiting_and_is_reported(dev):
+    torch_pjrt.eager_mode("fused")
+    x = torch.randn(32, device=dev)
+    torch_pjrt.synchronize()
+    torch_pjrt.reset_metrics()
+    y = (x * 3).exp()
+    torch_pjrt.sync()  # launched: the value is a buffer now, no host read happened
+    info = torch_pjrt._C._storage_info(y)
+    assert not info["pending"] and info["materialized"] and info["producer"] == "fused graph (2 ops)"
+    m = torch_pjrt.metrics()
+    assert m["flush_reasons"] == {"explicit": 1} and m["device_to_host_bytes"] == 0
+    report = torch_pjrt.metrics_report()
+    assert "graphs run          1 (2.0 ops per graph, at most 2)" in report
+    assert "graphs cut by       explicit 1" in report
+    torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp())
+    torch_pjrt.sync()  # nothing pending: a no-op
+    assert torch_pjrt.metrics()["graphs"] == 1
