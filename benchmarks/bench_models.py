@@ -56,33 +56,29 @@ def gpt_step(device: str, autocast: bool = False, attention: str = "sdpa",
     return step
 
 
-def cnn_step(device: str) -> Callable[[], None]:
-    torch.manual_seed(0)
-    model = SmallCNN(width=32).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x, y = (t.to(device) for t in synthetic_images(32, size=32))
-
+def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                    y: torch.Tensor) -> Callable[[], None]:
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x), y).backward()
         opt.step()
 
     return step
+
+
+def cnn_step(device: str) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = SmallCNN(width=32).to(device)
+    x, y = (t.to(device) for t in synthetic_images(32, size=32))
+    return classifier_step(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y)
 
 
 def mlp_step(device: str) -> Callable[[], None]:
     torch.manual_seed(0)
     model = MLP().to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=g).to(device), torch.randint(0, 10, (64,), generator=g).to(device)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+    return classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y)
 
 
 def hf_gpt2_step(device: str) -> Callable[[], None]:
@@ -104,11 +100,13 @@ def hf_gpt2_step(device: str) -> Callable[[], None]:
     return step
 
 
-def median_ms(make: Callable[[str], Callable[[], None]], device: str, warmup: int, steps: int) -> float:
+def median_ms(make: Callable[[str], Callable[[], None]], device: str, warmup: int, steps: int,
+              after_warmup: Callable[[], None] = lambda: None) -> float:
     step = make(device)
     for _ in range(warmup):
         step()
     sync(device)
+    after_warmup()
     times = []
     for _ in range(steps):
         start = time.perf_counter()
@@ -131,20 +129,10 @@ ROWS: list[tuple[str, Callable[[str], Callable[[], None]]]] = [
 def pjrt_ms(make: Callable[[str], Callable[[], None]], mode: str, warmup: int, steps: int) -> tuple[float, int, str]:
     """Median step time in `mode`, compiles during the timed steps, CPU fallbacks."""
     with torch_pjrt.eager_mode(mode):
-        step = make("pjrt")
-        for _ in range(warmup):
-            step()
-        sync("pjrt")
-        torch_pjrt.reset_metrics()
-        times = []
-        for _ in range(steps):
-            start = time.perf_counter()
-            step()
-            sync("pjrt")
-            times.append(time.perf_counter() - start)
+        ms = median_ms(make, "pjrt", warmup, steps, after_warmup=torch_pjrt.reset_metrics)
     m = torch_pjrt.metrics()
     fallbacks = ", ".join(op.removeprefix("aten::") for op in sorted(m["fallbacks"])) or "none"
-    return statistics.median(times) * 1e3, m["compiles"], fallbacks
+    return ms, m["compiles"], fallbacks
 
 
 def main() -> None:

@@ -269,7 +269,7 @@ void check_deferred_errors() {
     } catch (const runtime::PjrtError& e) {
       rethrow(e, executor::describe_op(c.op));
     }
-    if (bad && first.empty()) first = c.op.where ? c.message + " (recorded at " + *c.op.where + ")" : c.message;
+    if (bad && first.empty()) first = c.message + executor::recorded_at(c.op);
   }
   TORCH_CHECK_INDEX(first.empty(), "pjrt: ", first,
                     " (detected at this sync point; the op's writes were not applied)");

@@ -7,9 +7,13 @@ namespace torch_pjrt::executor {
 
 using ir::Value;
 
-std::string describe_op(const OpRecord& op) {
-  if (!op.where) return op.op;
-  return op.op + " (recorded at " + *op.where + ")";
+std::string recorded_at(const OpRecord& op) { return op.where ? " (recorded at " + *op.where + ")" : ""; }
+
+std::string describe_op(const OpRecord& op) { return op.op + recorded_at(op); }
+
+std::string program_label(const std::vector<OpRecord>& ops) {
+  if (ops.empty()) return "";
+  return ops.size() == 1 ? ops[0].op : "fused graph (" + std::to_string(ops.size()) + " ops)";
 }
 
 std::string describe_ops(const std::vector<OpRecord>& ops, size_t limit) {
@@ -269,9 +273,7 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   }
   key.mix(0xD0ULL + donated.size());
 
-  auto label = [&] {
-    return ops_.size() == 1 ? ops_[0].op : "fused graph (" + std::to_string(ops_.size()) + " ops)";
-  };
+  auto label = [&] { return program_label(ops_); };
   std::vector<std::unique_ptr<runtime::Buffer>> results;
   std::unique_ptr<runtime::Event> done;
   try {

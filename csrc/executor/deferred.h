@@ -28,6 +28,9 @@ using ProgramOps = std::shared_ptr<const std::vector<OpRecord>>;
 // "aten::add (model.py:12), aten::mm (model.py:13), ... and 40 more".
 std::string describe_ops(const std::vector<OpRecord>& ops, size_t limit = 6);
 std::string describe_op(const OpRecord& op);
+std::string recorded_at(const OpRecord& op);  // " (recorded at file.py:12 in f)", or "" when unknown
+// "aten::add" for one op, "fused graph (40 ops)" for more (metrics, storage info).
+std::string program_label(const std::vector<OpRecord>& ops);
 
 // The contents of one PyTorch storage or generator state: a real buffer, a
 // value pending in the device graph, or nothing yet. The deferred fields are

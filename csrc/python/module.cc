@@ -250,12 +250,7 @@ PYBIND11_MODULE(_C, mod) {
     d["pending"] = st->is_pending();
     d["materialized"] = static_cast<bool>(st->buffer) && !st->is_pending();
     d["dtype"] = ir::dtype_name(st->dtype);
-    std::string producer;
-    if (st->producer && !st->producer->empty()) {
-      producer = st->producer->size() == 1 ? (*st->producer)[0].op
-                                           : "fused graph (" + std::to_string(st->producer->size()) + " ops)";
-    }
-    d["producer"] = producer;
+    d["producer"] = st->producer ? executor::program_label(*st->producer) : std::string();
     return d;
   });
 }
