@@ -51,7 +51,9 @@ fi
 # Two cores: keep the build to two jobs.
 ninja -C build -j 2 | grep -vE "^\[[0-9]+/[0-9]+\]" || true
 test -f torch_pjrt/_C*.so || { echo "setup: the extension did not build" >&2; exit 1; }
-if ! "$VPY" -m pip show -q torch_pjrt >/dev/null 2>&1; then
+# (Re)install when pyproject.toml changed since: its entry points live in the install's metadata.
+if ! "$VPY" -m pip show -q torch_pjrt >/dev/null 2>&1 || ! cmp -s pyproject.toml .venv/.torch_pjrt_pyproject; then
   "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . 2>&1 \
     | grep -v "^WARNING: Location" || true
+  cp pyproject.toml .venv/.torch_pjrt_pyproject
 fi

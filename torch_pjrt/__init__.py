@@ -7,6 +7,7 @@ point) registers the ``pjrt`` device. The PJRT plugin starts on first use.
 from __future__ import annotations
 
 import os
+import sys
 
 
 def _autoload() -> None:
@@ -53,6 +54,14 @@ from . import _dispatch_fixes, autocast  # noqa: E402
 _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
 
+from . import compiler  # noqa: E402
+
+# torch.compile(backend="pjrt") is found through the torch_dynamo_backends entry
+# point; register it directly too when Dynamo is already loaded (importing
+# Dynamo here would double the import time).
+if "torch._dynamo" in sys.modules:
+    compiler.register()
+
 from .metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from .modes import (  # noqa: E402
     debug_mode,
@@ -68,8 +77,10 @@ from .modes import (  # noqa: E402
 
 def _cut_after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
     # A training iteration ends here: fused mode runs what it recorded, so each
-    # iteration settles on the same cached programs.
-    _C._flush("optimizer_step")
+    # iteration settles on the same cached programs. Inside torch.compile the
+    # step is part of a captured program: nothing to cut.
+    if not torch.compiler.is_compiling():
+        _C._flush("optimizer_step")
 
 
 from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402

@@ -159,6 +159,12 @@ int device_count_or_zero() noexcept {
 
 EagerMode eager_mode() { return static_cast<EagerMode>(g_mode.load(std::memory_order_relaxed)); }
 
+namespace {
+thread_local bool t_capturing = false;
+}
+bool capturing() { return t_capturing; }
+void set_capturing(bool on) { t_capturing = on; }
+
 void set_eager_mode(EagerMode mode) {
   if (mode != eager_mode() && runtime_ready()) flush_all(executor::FlushReason::ModeChange);
   g_mode = static_cast<int>(mode);
@@ -557,7 +563,10 @@ int64_t position(const std::vector<int64_t>& v, int64_t x) {
 }  // namespace
 
 Value OpBuilder::offset_param(int64_t offset) {
-  // A runtime parameter, so views at different offsets share one program.
+  // A runtime parameter, so views at different offsets share one program. A
+  // captured graph is specialized to its inputs' layout: a constant lets XLA
+  // turn the dynamic slice into a static one.
+  if (t_capturing) return builder_.constant_int(DType::S64, offset);
   return scalar_param(DType::S64, &offset);
 }
 
@@ -748,7 +757,7 @@ void OpBuilder::run() {
   for (auto& f : flags_) {
     any_bad = any_bad.valid() ? builder_.binary("or", any_bad, f.first) : f.first;
   }
-  EagerMode mode = eager_mode();
+  EagerMode mode = t_capturing ? EagerMode::Fused : eager_mode();
   bool debug = mode == EagerMode::Debug;
   for (auto& o : outputs_) frag_.results.emplace_back(state_of(o.first), o.second);
   for (auto& s : slots_) {
@@ -779,7 +788,7 @@ void OpBuilder::run() {
     frag_.nonfinite = nonfinite;
   }
   frag_.record.op = op_;
-  if (mode == EagerMode::Fused) {
+  if (mode == EagerMode::Fused && !t_capturing) {
     if (FrameCapture capture = g_frame_capture.load(std::memory_order_relaxed)) frag_.record.where = capture();
   }
   auto record_mode = mode == EagerMode::Fused   ? executor::RecordMode::Defer

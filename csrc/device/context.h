@@ -58,6 +58,11 @@ void set_eager_mode(EagerMode mode);  // flushes what fused mode recorded
 EagerMode parse_eager_mode(const std::string& name);  // throws on an unknown name
 const char* eager_mode_name(EagerMode mode);
 
+// torch.compile: while this thread captures a graph (see compiled.h), its ops
+// are recorded, never run, and view offsets are constants of the program.
+bool capturing();
+void set_capturing(bool on);
+
 // The pending graph of a device.
 executor::DeviceGraph& graph_of(int device);
 // Launches every device's pending graph (a mark_step); does not wait.

@@ -33,6 +33,7 @@ const char* flush_reason_name(FlushReason r) {
     case FlushReason::Loop: return "loop";
     case FlushReason::Size: return "size";
     case FlushReason::ModeChange: return "mode_change";
+    case FlushReason::Compile: return "compile";
     case FlushReason::Count: break;
   }
   return "?";
@@ -90,7 +91,9 @@ std::vector<Check> DeviceGraph::record(Fragment&& f, RecordMode mode) {
   std::lock_guard<std::mutex> lock(mu_);
   metrics().ops_recorded++;
   const FusionPolicy& policy = fusion_policy();
-  if (!flush_now && policy.detect_loops && ops_.size() >= policy.min_loop && head_signature(f) == head_) {
+  if (capture_) flush_now = false;  // a captured graph is one program: no cuts
+  if (!flush_now && !capture_ && policy.detect_loops && ops_.size() >= policy.min_loop &&
+      head_signature(f) == head_) {
     // The graph's first op comes again: a loop body ends here. Cutting at the
     // same place each iteration lets every iteration hit one cached program.
     flush_locked(FlushReason::Loop, false);
@@ -190,7 +193,7 @@ std::vector<Check> DeviceGraph::record(Fragment&& f, RecordMode mode) {
   }
   ops_.push_back(std::move(f.record));
   if (flush_now) return flush_locked(FlushReason::Op, mode == RecordMode::RunAndCheck);
-  if (ops_.size() >= policy.max_ops) flush_locked(FlushReason::Size, false);
+  if (!capture_ && ops_.size() >= policy.max_ops) flush_locked(FlushReason::Size, false);
   return {};
 }
 
@@ -222,6 +225,9 @@ void DeviceGraph::flush(FlushReason reason) {
 }
 
 std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_checks) {
+  if (capture_ && !capture_ending_ && !ops_.empty()) {
+    break_capture_locked(std::string("a sync point (") + flush_reason_name(reason) + ") inside the graph");
+  }
   if (ops_.empty()) return {};
   ir::Builder b(graph_);
   // Scratch lists kept across flushes (no allocation per op in strict mode).
@@ -276,14 +282,27 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   auto label = [&] { return program_label(ops_); };
   std::vector<std::unique_ptr<runtime::Buffer>> results;
   std::unique_ptr<runtime::Event> done;
+  std::shared_ptr<runtime::LoadedExecutable> exe;
   try {
-    auto exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
+    exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
     for (auto& a : args_) raw.push_back(a->raw());
     results = exe->execute(rt_.device(device_), raw, &done);
   } catch (const runtime::PjrtError& e) {
     fail_locked(out_storage, e.code(), e.what());
   } catch (const std::exception& e) {
     fail_locked(out_storage, runtime::ErrorCode::kInternal, e.what());
+  }
+  if (capture_ && capture_ending_) {
+    Capture& c = *capture_;
+    c.exe = exe;
+    for (int p : graph_.params()) c.param_types.push_back(graph_.type(Value{p, 0}));
+    c.param_storage = param_storage_;
+    for (size_t p = 0; p < args_.size(); ++p) c.fixed.push_back(param_storage_[p] ? nullptr : args_[p]);
+    for (const Value& v : outs) c.out_types.push_back(graph_.type(v));
+    c.out_storage = out_storage;
+    c.donated = donated;
+    for (const auto& f : flags_) c.flag_messages.push_back(f.message);
+    c.flag_ops = flag_ops_;
   }
   auto& m = metrics();
   m.executions++;
@@ -308,6 +327,7 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
     shared.emplace_back(std::move(results[i]));
   }
   auto program = std::make_shared<const std::vector<OpRecord>>(std::move(ops_));
+  if (capture_ && capture_ending_) capture_->ops = program;
   for (size_t k = 0; k < out_storage.size(); ++k) {
     Storage* s = out_storage[k];
     const ir::Type& t = graph_.type(outs[k]);
@@ -325,22 +345,114 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
     checks.push_back({shared[nonfinite_index], "", program->back(), true});
   }
   reset_locked();
-  {
-    std::lock_guard<std::mutex> lock(queue_mu_);
-    if (done) {
-      if (launched_.size() >= 256) {
-        launched_.erase(std::remove_if(launched_.begin(), launched_.end(), [](auto& e) { return e->is_ready(); }),
-                        launched_.end());
-      }
-      launched_.push_back(std::move(done));
+  // Debug mode reads its checks at once; the others are read at the next sync.
+  if (return_checks) {
+    queue_launched(std::move(done), {});
+    return checks;
+  }
+  queue_launched(std::move(done), std::move(checks));
+  return {};
+}
+
+void DeviceGraph::queue_launched(std::unique_ptr<runtime::Event> done, std::vector<Check> checks) {
+  std::lock_guard<std::mutex> lock(queue_mu_);
+  if (done) {
+    if (launched_.size() >= 256) {
+      launched_.erase(std::remove_if(launched_.begin(), launched_.end(), [](auto& e) { return e->is_ready(); }),
+                      launched_.end());
     }
-    // Debug mode reads its checks at once; the others are read at the next sync.
-    if (!return_checks) {
-      for (auto& c : checks) checks_.push_back(std::move(c));
-      checks.clear();
+    launched_.push_back(std::move(done));
+  }
+  for (auto& c : checks) checks_.push_back(std::move(c));
+}
+
+// ---------------------------------------------------------------- capture and replay
+
+void DeviceGraph::break_capture_locked(const std::string& why) {
+  if (capture_ && capture_->broken.empty()) capture_->broken = why;
+}
+
+void DeviceGraph::begin_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (capture_) throw std::logic_error("pjrt: a graph capture is already in progress on this device");
+  flush_locked(FlushReason::Compile, false);
+  capture_ = std::make_unique<Capture>();
+}
+
+std::unique_ptr<Capture> DeviceGraph::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!capture_) throw std::logic_error("pjrt: end_capture without begin_capture");
+  capture_ending_ = true;
+  try {
+    flush_locked(FlushReason::Compile, false);
+  } catch (...) {
+    capture_ending_ = false;
+    capture_.reset();
+    throw;
+  }
+  capture_ending_ = false;
+  return std::move(capture_);
+}
+
+void DeviceGraph::abort_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!capture_) return;
+  // What was recorded still runs (as the eager ops it came from would have).
+  capture_->broken = "aborted";
+  capture_ending_ = true;
+  try {
+    flush_locked(FlushReason::Compile, false);
+  } catch (...) {
+    capture_ending_ = false;
+    capture_.reset();
+    throw;
+  }
+  capture_ending_ = false;
+  capture_.reset();
+}
+
+std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(
+    const Capture& c, const std::vector<std::shared_ptr<runtime::Buffer>>& args) {
+  if (!c.exe) return {};
+  std::vector<PJRT_Buffer*> raw;
+  raw.reserve(args.size());
+  for (const auto& a : args) raw.push_back(a->raw());
+  // Donate only what nothing but the caller's vector and its storage holds.
+  std::vector<int64_t> keep;
+  std::vector<size_t> given;
+  for (auto [p, k] : c.donated) {
+    if (!fusion_policy().donate || args[p].use_count() != 2) {
+      keep.push_back(static_cast<int64_t>(p));
+    } else {
+      given.push_back(p);
     }
   }
-  return checks;
+  std::vector<std::unique_ptr<runtime::Buffer>> results;
+  std::unique_ptr<runtime::Event> done;
+  try {
+    results = c.exe->execute(rt_.device(device_), raw, &done, &keep);
+  } catch (const runtime::PjrtError& e) {
+    throw GraphError(e.code(), e.what(), c.ops ? *c.ops : std::vector<OpRecord>{});
+  }
+  auto& m = metrics();
+  m.executions++;
+  m.compiled_runs++;
+  m.donated_buffers += static_cast<int64_t>(given.size());
+  for (size_t p : given) args[p]->mark_donated();
+  runtime::MemoryCounter* counter = &memory_counter(device_);
+  std::vector<std::shared_ptr<runtime::Buffer>> shared;
+  shared.reserve(results.size());
+  for (size_t i = 0; i < results.size(); ++i) {
+    results[i]->track(counter, bytes_of(c.out_types[i]));
+    shared.emplace_back(std::move(results[i]));
+  }
+  std::vector<Check> checks;
+  size_t first_flag = c.out_storage.size();
+  for (size_t i = 0; i < c.flag_messages.size(); ++i) {
+    checks.push_back({shared[first_flag + i], c.flag_messages[i], c.flag_ops[i]});
+  }
+  queue_launched(std::move(done), std::move(checks));
+  return shared;
 }
 
 void DeviceGraph::fail_locked(const std::vector<Storage*>& outputs, runtime::ErrorCode code, const std::string& what) {
@@ -368,12 +480,14 @@ void DeviceGraph::fail_locked(const std::vector<Storage*>& outputs, runtime::Err
 
 std::shared_ptr<runtime::Buffer> DeviceGraph::materialize(Storage* s) {
   std::lock_guard<std::mutex> lock(mu_);
+  break_capture_locked("the graph reads device data on the host");
   if (s->pending.valid()) flush_locked(FlushReason::Sync, false);
   return s->buffer;
 }
 
 void DeviceGraph::forget(Storage* s) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (s->param_index >= 0) break_capture_locked("a tensor the graph reads was freed while it was recorded");
   if (s->live_index >= 0) {
     live_[s->live_index] = nullptr;
     metrics().dropped_values++;
@@ -387,6 +501,7 @@ void DeviceGraph::forget(Storage* s) {
 void DeviceGraph::assign(Storage* s, std::shared_ptr<runtime::Buffer> buffer, std::vector<int64_t> dims,
                          ir::DType dtype, ProgramOps producer) {
   std::lock_guard<std::mutex> lock(mu_);
+  break_capture_locked("the graph writes host data into a device tensor");
   if (s->live_index >= 0) live_[s->live_index] = nullptr;
   // Ops recorded earlier keep reading the old buffer through their parameter.
   if (s->param_index >= 0) param_storage_[s->param_index] = nullptr;

@@ -70,7 +70,7 @@ struct Fragment {
   OpRecord record;
 };
 
-enum class FlushReason { Op, Sync, Explicit, OptimizerStep, Loop, Size, ModeChange, Count };
+enum class FlushReason { Op, Sync, Explicit, OptimizerStep, Loop, Size, ModeChange, Compile, Count };
 const char* flush_reason_name(FlushReason r);
 
 // Bounds and heuristics of fused mode.
@@ -103,6 +103,23 @@ struct Check {
   bool nonfinite = false;  // debug mode: NaN/Inf in the op's results (not an index error)
 };
 
+// A recorded graph kept as a reusable program (torch.compile): what the flush
+// that ended the recording ran, and which storage each parameter was read from
+// and each output was written to, so a later call can bind other storages.
+struct Capture {
+  std::shared_ptr<runtime::LoadedExecutable> exe;  // null: the graph computed nothing
+  std::vector<ir::Type> param_types;
+  std::vector<Storage*> param_storage;                 // null: a fixed buffer (scalar, constant)
+  std::vector<std::shared_ptr<runtime::Buffer>> fixed;  // parameter i's buffer where param_storage[i] is null
+  std::vector<ir::Type> out_types;                      // every output, flags last
+  std::vector<Storage*> out_storage;                    // storage output k became (k < out_storage.size())
+  std::vector<std::pair<size_t, size_t>> donated;       // (parameter, output) aliased
+  std::vector<std::string> flag_messages;               // outputs out_storage.size()... are out-of-range flags
+  std::vector<OpRecord> flag_ops;
+  ProgramOps ops;
+  std::string broken;  // why the recording did not end as one program (empty: it did)
+};
+
 enum class RecordMode {
   Defer,        // fused: keep recording
   Run,          // strict: run now; checks are read at the next sync
@@ -133,6 +150,19 @@ class DeviceGraph {
   std::vector<Check> take_checks();
   size_t pending_ops();
 
+  // torch.compile: flushes what is pending, then records without cuts until
+  // end_capture, which runs the graph as one program and returns it with its
+  // bindings. A flush, host read or host write in between marks the capture
+  // broken (it still ran correctly, just not as one program).
+  void begin_capture();
+  std::unique_ptr<Capture> end_capture();
+  void abort_capture();
+  // Runs a captured program on `args` (buffers of parameter types); returns its
+  // outputs. An aliased parameter is donated when the caller's vector and one
+  // storage are all that hold it. Flags are queued for the next sync point.
+  std::vector<std::shared_ptr<runtime::Buffer>> replay(const Capture& c,
+                                                       const std::vector<std::shared_ptr<runtime::Buffer>>& args);
+
  private:
   std::vector<Check> flush_locked(FlushReason reason, bool return_checks);
   ir::Value bind_storage(Storage* s, const ir::Type& want, ir::Key& mapping, bool* reshaped);
@@ -157,6 +187,10 @@ class DeviceGraph {
   std::vector<Storage*> scratch_storage_;
   std::vector<std::pair<size_t, size_t>> scratch_donated_;
   std::vector<PJRT_Buffer*> scratch_raw_;
+  std::unique_ptr<Capture> capture_;  // set between begin_capture and end_capture
+  bool capture_ending_ = false;
+  void break_capture_locked(const std::string& why);
+  void queue_launched(std::unique_ptr<runtime::Event> done, std::vector<Check> checks);
   std::mutex queue_mu_;
   std::vector<std::unique_ptr<runtime::Event>> launched_;  // completion events not yet awaited
   std::vector<Check> checks_;

@@ -31,6 +31,7 @@ void Metrics::reset() {
   graph_outputs = 0;
   donated_buffers = 0;
   dropped_values = 0;
+  compiled_runs = 0;
   std::lock_guard<std::mutex> lock(mu);
   fallbacks.clear();
   compiles_by_op.clear();

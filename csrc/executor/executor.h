@@ -36,6 +36,7 @@ struct Metrics {
   std::atomic<int64_t> graph_outputs{0};
   std::atomic<int64_t> donated_buffers{0};
   std::atomic<int64_t> dropped_values{0};
+  std::atomic<int64_t> compiled_runs{0};  // replays of torch.compile graphs
   std::mutex mu;
   std::map<std::string, int64_t> flush_reasons;  // why graphs were cut
   std::map<std::string, int64_t> fallbacks;  // op name -> calls run on the CPU

@@ -7,6 +7,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include "device/compiled.h"
 #include "device/context.h"
 #include "device/fallback.h"
 
@@ -41,6 +42,7 @@ py::dict metrics_dict() {
   d["graph_outputs"] = m.graph_outputs.load();
   d["donated_buffers"] = m.donated_buffers.load();
   d["dropped_values"] = m.dropped_values.load();
+  d["compiled_runs"] = m.compiled_runs.load();
   std::lock_guard<std::mutex> lock(m.mu);
   d["fallbacks"] = m.fallbacks;
   d["compiles_by_op"] = m.compiles_by_op;
@@ -253,4 +255,21 @@ PYBIND11_MODULE(_C, mod) {
     d["producer"] = st->producer ? executor::program_label(*st->producer) : std::string();
     return d;
   });
+
+  // torch.compile (torch_pjrt/compiler.py): capture an FX graph's run as one
+  // program, then replay it.
+  py::class_<device::CompiledGraph, std::shared_ptr<device::CompiledGraph>>(mod, "_CompiledGraph")
+      .def("run", &device::CompiledGraph::run)
+      .def_property_readonly("num_ops", &device::CompiledGraph::num_ops)
+      .def_property_readonly("mutated_inputs", &device::CompiledGraph::mutated_inputs);
+  mod.def("_capture_begin", &device::begin_capture);
+  mod.def("_capture_abort", &device::abort_capture);
+  mod.def("_capture_end", [](int device, const std::vector<at::Tensor>& inputs,
+                             const std::vector<std::optional<at::Tensor>>& outputs,
+                             const std::vector<at::Tensor>& constants) {
+    std::string why;
+    auto g = device::CompiledGraph::finish(device, inputs, outputs, constants, &why);
+    return py::make_tuple(g ? py::cast(g) : py::none(), why);
+  });
+  mod.def("_layout_key", &device::layout_key);
 }

@@ -336,8 +336,13 @@ LoadedExecutable::~LoadedExecutable() {
 
 std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(const Device& device,
                                                                const std::vector<PJRT_Buffer*>& args,
-                                                               std::unique_ptr<Event>* done) const {
+                                                               std::unique_ptr<Event>* done,
+                                                               const std::vector<int64_t>* keep) const {
   auto options = ARGS(PJRT_ExecuteOptions);
+  if (keep && !keep->empty()) {
+    options.non_donatable_input_indices = keep->data();
+    options.num_non_donatable_input_indices = keep->size();
+  }
   std::vector<PJRT_Buffer*> outputs(num_outputs_, nullptr);
   PJRT_Buffer* const* arg_list = args.data();
   PJRT_Buffer** output_list = outputs.data();

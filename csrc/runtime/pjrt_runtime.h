@@ -123,8 +123,11 @@ class LoadedExecutable {
   // Runs on one device. Inputs are borrowed; outputs are owned by the caller.
   // Execution is asynchronous: errors surface when an output is awaited. With
   // `done`, it receives an event that fires when the execution has finished.
+  // Parameters listed in `keep` are not donated even where the program aliases
+  // them to an output (the plugin copies instead).
   std::vector<std::unique_ptr<Buffer>> execute(const Device& device, const std::vector<PJRT_Buffer*>& args,
-                                               std::unique_ptr<Event>* done = nullptr) const;
+                                               std::unique_ptr<Event>* done = nullptr,
+                                               const std::vector<int64_t>* keep = nullptr) const;
   std::string serialize() const;
 
  private:

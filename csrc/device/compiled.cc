@@ -1,0 +1,265 @@
+#include "device/compiled.h"
+
+#include <unordered_map>
+
+namespace torch_pjrt::device {
+
+namespace {
+uint64_t mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9E3779B97F4A7C15ULL + (h << 6) + (h >> 2);
+  return h * 0xBF58476D1CE4E5B9ULL;
+}
+
+[[noreturn]] void rethrow_graph_error(const executor::GraphError& e) {
+  std::string ops = e.ops().empty() ? "a compiled graph"
+                                    : "a compiled graph of " + std::to_string(e.ops().size()) +
+                                          " ops (" + executor::describe_ops(e.ops()) + ")";
+  if (e.code() == runtime::ErrorCode::kResourceExhausted) {
+    TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", ops, ": ", e.what());
+  }
+  TORCH_CHECK(false, "pjrt: ", ops, " failed: ", e.what());
+}
+
+// The storage's contents as a tensor of `g`'s geometry (no dispatch).
+at::Tensor view_of(const c10::Storage& storage, int device, const std::vector<int64_t>& sizes,
+                   const std::vector<int64_t>& strides, int64_t offset, at::ScalarType dtype) {
+  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device));
+  auto* impl = t.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(storage);
+  impl->set_sizes_and_strides(sizes, strides, offset);
+  return t;
+}
+}  // namespace
+
+void begin_capture(int device) {
+  // The generator's state must exist before recording: creating it is a host upload.
+  rng_storage(default_generator(device));
+  try {
+    graph_of(device).begin_capture();
+  } catch (const executor::GraphError& e) {
+    rethrow_graph_error(e);
+  }
+  set_capturing(true);
+}
+
+void abort_capture(int device) {
+  set_capturing(false);
+  try {
+    graph_of(device).abort_capture();
+  } catch (const executor::GraphError& e) {
+    rethrow_graph_error(e);
+  }
+}
+
+uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
+  uint64_t h = 0x7043;
+  std::unordered_map<const void*, int> first_of;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    const at::Tensor& t = inputs[j];
+    if (!t.defined()) {
+      h = mix(h, 1);
+      continue;
+    }
+    h = mix(h, static_cast<uint64_t>(t.device().type()) * 977 + static_cast<uint64_t>(t.device().index() + 1));
+    h = mix(h, static_cast<uint64_t>(t.scalar_type()));
+    h = mix(h, static_cast<uint64_t>(t.dim()));
+    for (int64_t d = 0; d < t.dim(); ++d) h = mix(mix(h, t.size(d)), t.stride(d));
+    h = mix(h, static_cast<uint64_t>(t.storage_offset()));
+    StorageState* st = state_of(t);
+    if (!st) {
+      h = mix(h, 2);
+      continue;
+    }
+    h = mix(h, st->nbytes);
+    h = mix(h, static_cast<uint64_t>(st->dtype));
+    for (int64_t d : st->dims) h = mix(h, static_cast<uint64_t>(d));
+    auto [it, fresh] = first_of.emplace(st, static_cast<int>(j));
+    h = mix(h, fresh ? 3 : 1000 + static_cast<uint64_t>(it->second));
+  }
+  return h;
+}
+
+std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vector<at::Tensor>& inputs,
+                                                     const std::vector<std::optional<at::Tensor>>& outputs,
+                                                     const std::vector<at::Tensor>& constants, std::string* why) {
+  set_capturing(false);
+  std::unique_ptr<executor::Capture> cap;
+  try {
+    cap = graph_of(device).end_capture();
+  } catch (const executor::GraphError& e) {
+    rethrow_graph_error(e);
+  }
+  if (!cap->broken.empty()) {
+    *why = cap->broken;
+    return nullptr;
+  }
+  auto g = std::shared_ptr<CompiledGraph>(new CompiledGraph());
+  g->device_ = device;
+  std::unordered_map<const executor::Storage*, int> input_of;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    StorageState* st = state_of(inputs[j]);
+    if (!st || st->device_index != device) {
+      *why = "input " + std::to_string(j) + " is not a tensor on pjrt:" + std::to_string(device);
+      return nullptr;
+    }
+    input_of.emplace(st, static_cast<int>(j));
+  }
+  g->generator_ = default_generator(device);
+  std::unordered_map<const executor::Storage*, bool> fixed;
+  fixed.emplace(&rng_storage(g->generator_), true);
+  for (const auto& c : constants) {
+    if (StorageState* st = state_of(c)) {
+      fixed.emplace(st, true);
+      g->constants_.push_back(c);
+    }
+  }
+  auto bind = [&](executor::Storage* s, Binding* b) {
+    if (auto it = input_of.find(s); it != input_of.end()) {
+      b->from = From::Input;
+      b->index = it->second;
+      return true;
+    }
+    if (fixed.count(s)) {
+      b->from = From::Storage;
+      b->storage = s;
+      return true;
+    }
+    return false;
+  };
+  for (size_t p = 0; p < cap->param_storage.size(); ++p) {
+    Binding b;
+    executor::Storage* s = cap->param_storage[p];
+    if (s && !bind(s, &b)) {
+      *why = "the graph reads a pjrt tensor that is neither one of its inputs nor a constant it holds";
+      return nullptr;
+    }
+    g->params_.push_back(b);
+  }
+  std::unordered_map<const executor::Storage*, int> fresh_of;
+  for (executor::Storage* s : cap->out_storage) {
+    Binding b;
+    if (!bind(s, &b)) {
+      b.from = From::Fresh;
+      auto [it, added] = fresh_of.emplace(s, static_cast<int>(g->fresh_nbytes_.size()));
+      if (added) g->fresh_nbytes_.push_back(static_cast<StorageState*>(s)->nbytes);
+      b.index = it->second;
+    }
+    g->results_.push_back(b);
+  }
+  std::vector<bool> fresh_returned(g->fresh_nbytes_.size(), false);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    Output o;
+    if (outputs[i] && outputs[i]->defined()) {
+      const at::Tensor& t = *outputs[i];
+      StorageState* st = state_of(t);
+      if (!st) {
+        *why = "output " + std::to_string(i) + " is not a pjrt tensor";
+        return nullptr;
+      }
+      o.geometry = {t.sizes().vec(), t.strides().vec(), t.storage_offset(), t.scalar_type()};
+      if (auto it = input_of.find(st); it != input_of.end()) {
+        o.index = it->second;
+        o.kind = t.is_same(inputs[o.index]) ? OutKind::SameInput : OutKind::InputView;
+      } else if (auto f = fresh_of.find(st); f != fresh_of.end()) {
+        o.kind = OutKind::FreshView;
+        o.index = f->second;
+        fresh_returned[o.index] = true;
+      } else if (!st->has_contents()) {
+        o.kind = OutKind::Empty;
+        o.nbytes = st->nbytes;
+      } else {
+        *why = "output " + std::to_string(i) + " is a pjrt tensor the graph neither received nor computed";
+        return nullptr;
+      }
+    }
+    g->outputs_.push_back(std::move(o));
+  }
+  for (bool r : fresh_returned) {
+    if (!r) {
+      *why = "a value the graph computed is held outside its outputs";
+      return nullptr;
+    }
+  }
+  g->capture_ = std::move(cap);
+  return g;
+}
+
+size_t CompiledGraph::num_ops() const { return capture_->ops ? capture_->ops->size() : 0; }
+
+std::vector<int> CompiledGraph::mutated_inputs() const {
+  std::vector<int> out;
+  for (const Binding& b : results_) {
+    if (b.from == From::Input) out.push_back(b.index);
+  }
+  return out;
+}
+
+std::optional<std::vector<std::optional<at::Tensor>>> CompiledGraph::run(const std::vector<at::Tensor>& inputs) {
+  executor::DeviceGraph& graph = graph_of(device_);
+  const executor::Capture& cap = *capture_;
+  std::vector<std::shared_ptr<runtime::Buffer>> args;
+  args.reserve(params_.size());
+  try {
+    rng_storage(generator_);                      // uploads the state again after a manual_seed
+    graph.flush(executor::FlushReason::Compile);  // eager work recorded before this call runs first
+    for (size_t p = 0; p < params_.size(); ++p) {
+      const Binding& b = params_[p];
+      if (b.from == From::Fixed) {
+        args.push_back(cap.fixed[p]);
+        continue;
+      }
+      executor::Storage* s = b.from == From::Input ? state_of(inputs[b.index]) : b.storage;
+      args.push_back(graph.materialize(s));
+      const ir::Type& want = cap.param_types[p];
+      if (!args.back() || s->dtype != want.dtype || s->dims != want.dims) return std::nullopt;
+    }
+  } catch (const executor::GraphError& e) {
+    rethrow_graph_error(e);
+  }
+  std::vector<std::shared_ptr<runtime::Buffer>> outs;
+  try {
+    outs = graph.replay(cap, args);
+  } catch (const executor::GraphError& e) {
+    rethrow_graph_error(e);
+  }
+  args.clear();
+  std::vector<c10::Storage> fresh;
+  fresh.reserve(fresh_nbytes_.size());
+  for (size_t nbytes : fresh_nbytes_) {
+    at::Tensor t = at::empty({static_cast<int64_t>(nbytes)},
+                             at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
+    fresh.push_back(t.storage());
+  }
+  for (size_t k = 0; k < results_.size(); ++k) {
+    const Binding& b = results_[k];
+    executor::Storage* s = b.from == From::Input     ? state_of(inputs[b.index])
+                           : b.from == From::Storage ? b.storage
+                                                     : state_of(fresh[b.index]);
+    const ir::Type& t = cap.out_types[k];
+    graph.assign(s, std::move(outs[k]), t.dims, t.dtype, cap.ops);
+  }
+  std::vector<std::optional<at::Tensor>> result;
+  result.reserve(outputs_.size());
+  for (const Output& o : outputs_) {
+    const Geometry& g = o.geometry;
+    switch (o.kind) {
+      case OutKind::None: result.emplace_back(std::nullopt); break;
+      case OutKind::SameInput: result.emplace_back(inputs[o.index]); break;
+      case OutKind::InputView:
+        result.emplace_back(view_of(inputs[o.index].storage(), device_, g.sizes, g.strides, g.offset, g.dtype));
+        break;
+      case OutKind::FreshView:
+        result.emplace_back(view_of(fresh[o.index], device_, g.sizes, g.strides, g.offset, g.dtype));
+        break;
+      case OutKind::Empty: {
+        at::Tensor t = at::empty({static_cast<int64_t>(o.nbytes)},
+                                 at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
+        result.emplace_back(view_of(t.storage(), device_, g.sizes, g.strides, g.offset, g.dtype));
+        break;
+      }
+    }
+  }
+  return result;
+}
+
+}  // namespace torch_pjrt::device

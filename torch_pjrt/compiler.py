@@ -1,0 +1,239 @@
+"""torch.compile(backend="pjrt"): AOTAutograd graphs as whole StableHLO programs.
+
+Dynamo captures the user's code; AOTAutograd splits it into functional ATen
+graphs (forward and backward, or one inference graph). Each graph is run once
+over its first real inputs with recording on: every op goes through the same
+lowering as eager and lands in one pending device graph, which becomes one
+program. Later calls with inputs of the same layout bind their buffers to that
+program and run it, with no ATen dispatch per op. A graph whose recording does
+not stay one program (a host read, a CPU fallback, a non-tensor input) runs
+eagerly, op by op, and says why in ``torch_pjrt.metrics()["compiled"]``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import _C
+
+# Inputs that are 0-d CPU tensors (lifted scalars) are moved to the device, so
+# their values stay program arguments instead of constants.
+_CPU_SCALAR_LIMIT = 0
+
+
+@dataclass
+class FunctionStats:
+    """What happened to one compiled function (a Dynamo frame)."""
+
+    dynamo_graphs: int = 0  # graphs Dynamo handed to the backend (first compile + recompiles)
+    shapes: list[list[tuple[int, ...]]] = field(default_factory=list)  # input shapes of each
+    programs: int = 0  # captured programs (forward, backward, inference; per input layout)
+    calls: int = 0  # program runs, first calls included
+    eager_graphs: list[str] = field(default_factory=list)  # why a graph runs op by op
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"dynamo_graphs": self.dynamo_graphs, "recompiles": max(self.dynamo_graphs - 1, 0),
+                "shapes": self.shapes, "programs": self.programs, "calls": self.calls,
+                "eager_graphs": list(self.eager_graphs)}
+
+
+_stats: dict[str, FunctionStats] = {}
+_stats_lock = threading.Lock()
+
+
+def compiled_stats() -> dict[str, dict[str, Any]]:
+    with _stats_lock:
+        return {name: s.as_dict() for name, s in _stats.items()}
+
+
+def reset_compiled_stats() -> None:
+    with _stats_lock:
+        _stats.clear()
+
+
+def _stats_for(name: str) -> FunctionStats:
+    with _stats_lock:
+        return _stats.setdefault(name, FunctionStats())
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def _frame_name(gm: torch.fx.GraphModule) -> str:
+    """The user's function a Dynamo graph came from: "forward (model.py:12)", or
+    "MyModel.forward" for a compiled module."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+        if not code.co_filename.startswith(_TORCH_DIR):
+            return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    except Exception:  # noqa: BLE001 - called outside Dynamo's tracing
+        pass
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            _, module_type = next(iter(stack.values()))
+            name = getattr(module_type, "__name__", None) or str(module_type).rsplit(".", 1)[-1]
+            return f"{name}.forward"
+    return type(gm).__name__
+
+
+@dataclass
+class _Variant:
+    graph: Any  # _C._CompiledGraph
+    constants: list[Any]  # non-tensor outputs by position (None where the graph returns a tensor)
+
+
+class PjrtGraph:
+    """One AOTAutograd graph: a program per input layout, captured at its first call."""
+
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, stats: FunctionStats) -> None:
+        # AOTAutograd passes the arguments as one list, which we may clear. Set
+        # on the instance: wrappers (torch._dynamo.disable) copy its __dict__.
+        self._boxed_call = True
+        self.gm = gm
+        self.kind = kind
+        self.stats = stats
+        self.variants: dict[int, _Variant | str] = {}  # str: why this layout runs eagerly
+        self.constants = [t for t in _held_tensors(gm) if t.device.type == torch._C._get_privateuse1_backend_name()]
+
+    def __call__(self, *call_args: Any) -> Any:
+        if len(call_args) == 1 and isinstance(call_args[0], list):
+            inputs = list(call_args[0])
+            call_args[0].clear()  # boxed: the caller's references go, inputs can be freed early
+        else:
+            inputs = list(call_args)
+        device = _device_of(inputs)
+        why = _why_not_replayable(inputs, device)
+        if why:
+            self._note_eager(why)
+            return self.gm(*inputs)
+        # 0-d CPU inputs (an optimizer's step count without capturable=True)
+        # are read on the device; an in-place update is copied back after.
+        host = {i: t for i, t in enumerate(inputs) if t.device.type == "cpu"}
+        if host:
+            inputs = [t.to(f"{_device_name()}:{device}") if i in host else t for i, t in enumerate(inputs)]
+        key = _C._layout_key(inputs)
+        variant = self.variants.get(key)
+        if isinstance(variant, str):
+            self._note_eager(variant)
+            result = self.gm(*inputs)
+            mutated: Sequence[int] = list(host)
+        else:
+            out = variant.graph.run(inputs) if variant is not None else None
+            if out is not None:
+                self.stats.calls += 1
+                result = _assemble(out, variant.constants)
+                mutated = variant.graph.mutated_inputs
+            else:
+                result, graph = self._capture(inputs, device, key)
+                mutated = graph.mutated_inputs if graph is not None else list(host)
+        for i in mutated:
+            if i in host:
+                host[i].copy_(inputs[i])
+        return result
+
+    def _capture(self, inputs: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
+        _C._capture_begin(device)
+        try:
+            result = self.gm(*inputs)
+        except BaseException:
+            _C._capture_abort(device)
+            raise
+        outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        tensors = [o if isinstance(o, torch.Tensor) else None for o in outs]
+        graph, why = _C._capture_end(device, inputs, tensors, self.constants)
+        if graph is None:
+            self.variants[key] = why
+            self._note_eager(why)
+        else:
+            self.variants[key] = _Variant(graph, [None if isinstance(o, torch.Tensor) else o for o in outs])
+            self.stats.programs += 1
+            self.stats.calls += 1
+        return result, graph
+
+    def _note_eager(self, why: str) -> None:
+        note = f"{self.kind}: {why}"
+        if note not in self.stats.eager_graphs:
+            self.stats.eager_graphs.append(note)
+
+
+def _device_name() -> str:
+    return torch._C._get_privateuse1_backend_name()
+
+
+def _device_of(inputs: Sequence[Any]) -> int:
+    for t in inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == _device_name():
+            return t.device.index or 0
+    return 0
+
+
+def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
+    for i, t in enumerate(inputs):
+        if not isinstance(t, torch.Tensor):
+            return f"input {i} is a {type(t).__name__}, not a tensor (dynamic shapes run eagerly)"
+        if t.device.type == "cpu":
+            if t.dim() > _CPU_SCALAR_LIMIT:
+                return f"input {i} is a CPU tensor of shape {tuple(t.shape)}"
+        elif t.device.type != _device_name() or (t.device.index or 0) != device:
+            return f"input {i} is on {t.device}, the graph runs on {_device_name()}:{device}"
+        if t.is_sparse or t.layout != torch.strided:
+            return f"input {i} has layout {t.layout}"
+    return ""
+
+
+def _held_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    held: list[torch.Tensor] = []
+    for node in gm.graph.nodes:
+        if node.op == "get_attr":
+            value: Any = gm
+            for part in str(node.target).split("."):
+                value = getattr(value, part, None)
+            if isinstance(value, torch.Tensor):
+                held.append(value)
+    return held
+
+
+def _assemble(tensors: list[torch.Tensor | None], constants: list[Any]) -> tuple[Any, ...]:
+    return tuple(t if c is None else c for t, c in zip(tensors, constants))
+
+
+def _graph_compiler(kind: str, stats: FunctionStats) -> Callable[[torch.fx.GraphModule, list[Any]], PjrtGraph]:
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> PjrtGraph:
+        return PjrtGraph(gm, kind, stats)
+
+    return compile_graph
+
+
+def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
+    """The Dynamo backend registered as "pjrt"."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    if options:
+        raise TypeError(f"torch_pjrt: backend 'pjrt' takes no options, got {sorted(options)}")
+    stats = _stats_for(_frame_name(gm))
+    stats.dynamo_graphs += 1
+    stats.shapes.append([tuple(t.shape) if isinstance(t, torch.Tensor) else () for t in example_inputs])
+    backend = aot_autograd(
+        fw_compiler=_graph_compiler("forward", stats),
+        bw_compiler=_graph_compiler("backward", stats),
+        inference_compiler=_graph_compiler("inference", stats),
+        keep_inference_input_mutations=True,
+    )
+    return backend(gm, example_inputs)
+
+
+def register() -> None:
+    from torch._dynamo.backends.registry import _BACKENDS, register_backend
+
+    if "pjrt" not in _BACKENDS:
+        register_backend(pjrt_backend, name="pjrt")
