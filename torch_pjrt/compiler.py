@@ -92,15 +92,26 @@ class _Variant:
     constants: list[Any]  # non-tensor outputs by position (None where the graph returns a tensor)
 
 
+@dataclass
+class _Partitioned:
+    """A graph with ops that fall back to the CPU: those run eagerly, each
+    maximal run of the others is its own compiled program."""
+
+    gm: torch.fx.GraphModule
+    why: str
+
+
 class PjrtGraph:
     """One AOTAutograd graph: a program per input layout, captured at its first call."""
 
-    def __init__(self, gm: torch.fx.GraphModule, kind: str, stats: FunctionStats) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, kind: str, stats: FunctionStats, is_part: bool = False) -> None:
         # AOTAutograd passes the arguments as one list, which we may clear. Set
         # on the instance: wrappers (torch._dynamo.disable) copy its __dict__.
         self._boxed_call = True
         self.gm = gm
         self.kind = kind
+        self.is_part = is_part
+        self.single_output = _returns_single(gm)  # a part may return one tensor, AOT graphs a tuple
         self.stats = stats
         self.variants: dict[int, _Variant | str] = {}  # str: why this layout runs eagerly
         self.constants = [t for t in _held_tensors(gm) if t.device.type == torch._C._get_privateuse1_backend_name()]
@@ -123,15 +134,17 @@ class PjrtGraph:
             inputs = [t.to(f"{_device_name()}:{device}") if i in host else t for i, t in enumerate(inputs)]
         key = _C._layout_key(inputs)
         variant = self.variants.get(key)
-        if isinstance(variant, str):
-            self._note_eager(variant)
-            result = self.gm(*inputs)
+        if isinstance(variant, (str, _Partitioned)):
+            self._note_eager(variant if isinstance(variant, str) else variant.why)
+            result = (self.gm if isinstance(variant, str) else variant.gm)(*inputs)
             mutated: Sequence[int] = list(host)
         else:
             out = variant.graph.run(inputs) if variant is not None else None
             if out is not None:
                 self.stats.calls += 1
                 result = _assemble(out, variant.constants)
+                if self.single_output:
+                    result = result[0]
                 mutated = variant.graph.mutated_inputs
             else:
                 result, graph = self._capture(inputs, device, key)
@@ -142,17 +155,25 @@ class PjrtGraph:
         return result
 
     def _capture(self, inputs: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
+        fallbacks_before = dict(_C._metrics()["fallbacks"])
         _C._capture_begin(device)
         try:
             result = self.gm(*inputs)
         except BaseException:
             _C._capture_abort(device)
             raise
-        outs = list(result) if isinstance(result, (tuple, list)) else [result]
+        outs = [result] if self.single_output else list(result)
         tensors = [o if isinstance(o, torch.Tensor) else None for o in outs]
         graph, why = _C._capture_end(device, inputs, tensors, self.constants)
         if graph is None:
-            self.variants[key] = why
+            fell_back = {_base_name(op) for op, n in _C._metrics()["fallbacks"].items()
+                         if n > fallbacks_before.get(op, 0)}
+            parts = _partition(self.gm, fell_back, self.kind, self.stats) if fell_back and not self.is_part else None
+            if parts is not None:
+                why = f"{', '.join(sorted(fell_back))} fall back to the CPU; {parts[1]} parts compiled around them"
+                self.variants[key] = _Partitioned(parts[0], why)
+            else:
+                self.variants[key] = why
             self._note_eager(why)
         else:
             self.variants[key] = _Variant(graph, [None if isinstance(o, torch.Tensor) else o for o in outs])
@@ -201,6 +222,60 @@ def _held_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
             if isinstance(value, torch.Tensor):
                 held.append(value)
     return held
+
+
+def _base_name(op: object) -> str:
+    """'special_bessel_j0' for aten.special_bessel_j0.default or 'aten::special_bessel_j0.out'."""
+    name = op._schema.name if isinstance(op, torch._ops.OpOverload) else str(op)
+    return name.split("::")[-1].split(".")[0]
+
+
+class _PartModule(torch.nn.Module):
+    """A compiled part of a partitioned graph, callable as a submodule."""
+
+    def __init__(self, graph: PjrtGraph) -> None:
+        super().__init__()
+        self.graph = graph
+
+    def forward(self, *args: Any) -> Any:
+        out = self.graph(*args)
+        return self.graph(*args)
+
+
+def _partition(gm: torch.fx.GraphModule, unsupported: set[str], kind: str,
+               stats: FunctionStats) -> tuple[torch.fx.GraphModule, int] | None:
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupport
+
+    class Support(OperatorSupport):
+        def is_node_supported(self, submodules: Any, node: torch.fx.Node) -> bool:
+            return node.op == "call_function" and not (
+                isinstance(node.target, torch._ops.OpOverload) and _base_name(node.target) in unsupported)
+
+    try:
+        copy = torch.fx.GraphModule(gm, copy_graph(gm.graph))
+        parts = CapabilityBasedPartitioner(copy, Support(), allows_single_node_partition=True).partition_and_fuse()
+    except Exception:  # noqa: BLE001 - a graph the partitioner cannot split runs eagerly whole
+        return None
+    count = 0
+    for name, sub in list(parts.named_children()):
+        if isinstance(sub, torch.fx.GraphModule) and name.startswith("fused_"):
+            graph = PjrtGraph(sub, f"{kind} part", stats, is_part=True)
+            setattr(parts, name, _PartModule(graph))
+            count += 1
+    return (parts, count) if count else None
+
+
+def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+    new = torch.fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new
+
+
+def _returns_single(gm: torch.fx.GraphModule) -> bool:
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return not isinstance(out.args[0], (tuple, list))
 
 
 def _assemble(tensors: list[torch.Tensor | None], constants: list[Any]) -> tuple[Any, ...]:
