@@ -17,14 +17,32 @@ import torch_pjrt
 STEPS = 50
 
 
-def test_cnn_trains_like_cpu():
+def on_device(model: torch.nn.Module, compiled: bool) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(the device model, what to call): the model itself, or it compiled with backend="pjrt"."""
+    dev_model = copy.deepcopy(model).to("pjrt")
+    if not compiled:
+        return dev_model, dev_model
+    torch._dynamo.reset()
+    return dev_model, torch.compile(dev_model, backend="pjrt", dynamic=False)
+
+
+def assert_compiled_whole(compiled: bool) -> None:
+    if compiled:
+        stats = torch_pjrt.metrics()["compiled"]
+        assert stats and all(not s["eager_graphs"] for s in stats.values()), stats
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_cnn_trains_like_cpu(compiled):
     torch.manual_seed(0)
     model = SmallCNN(in_ch=3, classes=10, width=16)
     batches = [synthetic_images(16, classes=10, size=16, seed=s) for s in range(4)]
     make_opt = lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, weight_decay=1e-4)  # noqa: E731
-    dev_model = copy.deepcopy(model)
+    dev_model, runner = on_device(model, compiled)
+    torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
-        dev = train(dev_model, "pjrt", make_opt, batches, F.cross_entropy, steps=STEPS)
+        dev = train(runner, "pjrt", make_opt, batches, F.cross_entropy, steps=STEPS)
+    assert_compiled_whole(compiled)
     ref = references(model, cpu_runs(make_opt, batches, F.cross_entropy, steps=STEPS))
     assert_curve_within(dev, ref)
     assert dev[-1] < dev[0] * 0.5, dev
@@ -39,13 +57,14 @@ def test_cnn_trains_like_cpu():
     for m in [dev_model, ref.model64, *ref.models32]:
         m.eval()
     with torch.no_grad(), torch_pjrt.fallback_mode("error"):
-        out = dev_model(x.to("pjrt")).cpu()
+        out = runner(x.to("pjrt")).cpu()
     with torch.no_grad():
         assert_tensor_within(out, [m(x) for m in ref.models32], ref.model64(x.double()), what="eval logits")
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("attention,tied", [("sdpa", False), ("mha", True)], ids=["sdpa-untied", "mha-tied"])
-def test_gpt_trains_like_cpu(attention, tied):
+def test_gpt_trains_like_cpu(attention, tied, compiled):
     vocab, seq = 96, 32
     torch.manual_seed(0)
     model = TinyTransformer(vocab=vocab, dim=64, heads=4, layers=2, seq=seq, attention=attention, tied=tied)
@@ -55,9 +74,11 @@ def test_gpt_trains_like_cpu(attention, tied):
         return F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
 
     make_opt = lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.01)  # noqa: E731
-    dev_model = copy.deepcopy(model)
+    dev_model, runner = on_device(model, compiled)
+    torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
-        dev = train(dev_model, "pjrt", make_opt, batches, lm_loss, steps=STEPS)
+        dev = train(runner, "pjrt", make_opt, batches, lm_loss, steps=STEPS)
+    assert_compiled_whole(compiled)
     ref = references(model, cpu_runs(make_opt, batches, lm_loss, steps=STEPS))
     assert_curve_within(dev, ref)
     assert dev[-1] < dev[0] * 0.5, dev
@@ -67,7 +88,7 @@ def test_gpt_trains_like_cpu(attention, tied):
     # key bias gets a zero gradient up to rounding, which Adam turns into +-lr steps.)
     x, _ = synthetic_tokens(4, seq, vocab, seed=99)
     with torch.no_grad(), torch_pjrt.fallback_mode("error"):
-        out = dev_model(x.to("pjrt")).cpu()
+        out = runner(x.to("pjrt")).cpu()
     with torch.no_grad():
         assert_tensor_within(out, [m(x) for m in ref.models32], ref.model64(x), what="logits after training")
 
