@@ -8,6 +8,7 @@ CPU eager), strict/fused (the fused speed-up), and the compiles fused mode did
 during the timed steps (0: it settled on cached programs).
 
   .venv/bin/python benchmarks/bench_models.py [--steps N] [--warmup N] [--threads N] [--rows "GPT;CNN"]
+      [--no-compile] [--no-cold]
 
 CPU eager uses torch.get_num_threads() intra-op threads (printed; --threads sets
 it). On a loaded machine, OpenMP threads that wait on busy cores inflate the CPU
@@ -19,7 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -37,7 +40,29 @@ def sync(device: str) -> None:
         torch_pjrt.synchronize()
 
 
-def gpt_step(device: str, autocast: bool = False, attention: str = "sdpa",
+def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
+                  backend: str | None) -> Callable[[], None]:
+    """One step: zero_grad, loss().backward(), opt.step(). With a torch.compile backend,
+    the loss (forward, and through AOTAutograd the backward) and the optimizer step
+    are compiled; zero_grad and backward()'s call stay eager, as in user code. For
+    pjrt, the optimizer is capturable (its step count on the device, as Dynamo does for
+    CUDA by itself): a CPU step count would be read back from the device every step."""
+    if backend == "pjrt":
+        for group in opt.param_groups:
+            if "capturable" in group:
+                group["capturable"] = True
+    forward = torch.compile(loss, backend=backend, dynamic=False) if backend else loss
+    update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        forward().backward()
+        update()
+
+    return step
+
+
+def gpt_step(device: str, backend: str | None = None, autocast: bool = False, attention: str = "sdpa",
              tied: bool = False) -> Callable[[], None]:
     vocab, seq = 256, 64
     torch.manual_seed(0)
@@ -46,42 +71,34 @@ def gpt_step(device: str, autocast: bool = False, attention: str = "sdpa",
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = (t.to(device) for t in synthetic_tokens(8, seq, vocab))
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
+    def loss() -> torch.Tensor:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            loss = F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
-        loss.backward()
-        opt.step()
+            return F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
 
-    return step
+    return training_step(loss, opt, backend)
 
 
 def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                    y: torch.Tensor) -> Callable[[], None]:
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
-
-    return step
+                    y: torch.Tensor, backend: str | None) -> Callable[[], None]:
+    return training_step(lambda: F.cross_entropy(model(x), y), opt, backend)
 
 
-def cnn_step(device: str) -> Callable[[], None]:
+def cnn_step(device: str, backend: str | None = None) -> Callable[[], None]:
     torch.manual_seed(0)
     model = SmallCNN(width=32).to(device)
     x, y = (t.to(device) for t in synthetic_images(32, size=32))
-    return classifier_step(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y)
+    return classifier_step(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y, backend)
 
 
-def mlp_step(device: str) -> Callable[[], None]:
+def mlp_step(device: str, backend: str | None = None) -> Callable[[], None]:
     torch.manual_seed(0)
     model = MLP().to(device)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randn(64, 32, generator=g).to(device), torch.randint(0, 10, (64,), generator=g).to(device)
-    return classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y)
+    return classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, backend)
 
 
-def hf_gpt2_step(device: str) -> Callable[[], None]:
+def hf_gpt2_step(device: str, backend: str | None = None) -> Callable[[], None]:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -91,18 +108,16 @@ def hf_gpt2_step(device: str) -> Callable[[], None]:
     model = transformers.GPT2LMHeadModel(cfg).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1)).to(device)
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-
-    return step
+    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, backend)
 
 
-def median_ms(make: Callable[[str], Callable[[], None]], device: str, warmup: int, steps: int,
-              after_warmup: Callable[[], None] = lambda: None) -> float:
-    step = make(device)
+Make = Callable[..., Callable[[], None]]  # make(device, backend=None) -> step
+
+
+def median_ms(make: Make, device: str, warmup: int, steps: int,
+              after_warmup: Callable[[], None] = lambda: None, backend: str | None = None) -> float:
+    torch._dynamo.reset()
+    step = make(device, backend=backend)
     for _ in range(warmup):
         step()
     sync(device)
@@ -116,23 +131,55 @@ def median_ms(make: Callable[[str], Callable[[], None]], device: str, warmup: in
     return statistics.median(times) * 1e3
 
 
-ROWS: list[tuple[str, Callable[[str], Callable[[], None]]]] = [
-    ("GPT 4x128, sdpa, f32", lambda d: gpt_step(d)),
-    ("GPT 4x128, mha+tied, f32", lambda d: gpt_step(d, attention="mha", tied=True)),
-    ("GPT 4x128, sdpa, autocast bf16", lambda d: gpt_step(d, autocast=True)),
+ROWS: list[tuple[str, Make]] = [
+    ("GPT 4x128, sdpa, f32", lambda d, backend=None: gpt_step(d, backend)),
+    ("GPT 4x128, mha+tied, f32", lambda d, backend=None: gpt_step(d, backend, attention="mha", tied=True)),
+    ("GPT 4x128, sdpa, autocast bf16", lambda d, backend=None: gpt_step(d, backend, autocast=True)),
     ("MLP 32-64-10, batch 64, AdamW", mlp_step),
     ("SmallCNN w32, 32x3x32x32, f32", cnn_step),
     ("HF GPT-2 2x128, 8x64 tokens", hf_gpt2_step),
 ]
 
 
-def pjrt_ms(make: Callable[[str], Callable[[], None]], mode: str, warmup: int, steps: int) -> tuple[float, int, str]:
-    """Median step time in `mode`, compiles during the timed steps, CPU fallbacks."""
-    with torch_pjrt.eager_mode(mode):
-        ms = median_ms(make, "pjrt", warmup, steps, after_warmup=torch_pjrt.reset_metrics)
+def pjrt_ms(make: Make, mode: str, warmup: int, steps: int) -> tuple[float, int, str]:
+    """Median step time in `mode` ("strict", "fused", or "compiled": backend="pjrt" with
+    fused eager around it), compiles during the timed steps, CPU fallbacks."""
+    backend = "pjrt" if mode == "compiled" else None
+    with torch_pjrt.eager_mode("fused" if mode == "compiled" else mode):
+        ms = median_ms(make, "pjrt", warmup, steps, after_warmup=torch_pjrt.reset_metrics, backend=backend)
     m = torch_pjrt.metrics()
     fallbacks = ", ".join(op.removeprefix("aten::") for op in sorted(m["fallbacks"])) or "none"
     return ms, m["compiles"], fallbacks
+
+
+def first_step_ms(row: str, mode: str) -> None:
+    """Child process: the time of the very first step (Dynamo tracing, lowering, XLA or inductor compile)."""
+    make = next(make for name, make in ROWS if name == row)
+    device = "cpu" if mode == "inductor" else "pjrt"
+    backend = {"compiled": "pjrt", "inductor": "inductor"}.get(mode)
+    with torch_pjrt.eager_mode("fused" if mode == "compiled" else mode if mode in ("strict", "fused") else "strict"):
+        start = time.perf_counter()
+        step = make(device, backend=backend)
+        step()
+        sync(device)
+    print(f"first_step_ms {(time.perf_counter() - start) * 1e3:.1f} compiles {torch_pjrt.metrics()['compiles']}")
+
+
+def cold_and_warm(row: str, mode: str) -> tuple[float, float]:
+    """First-step time in a fresh process with empty caches (cold), then in a second one
+    that finds the first's caches on disk (warm)."""
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, TORCH_PJRT_CACHE_DIR=os.path.join(cache, "pjrt"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+        times = []
+        for _ in range(2):
+            out = subprocess.run([sys.executable, __file__, "--first-step", row, "--mode", mode], env=env,
+                                 capture_output=True, text=True, timeout=900)
+            line = [x for x in out.stdout.splitlines() if x.startswith("first_step_ms")]
+            if out.returncode != 0 or not line:
+                raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip() else "no output")
+            times.append(float(line[-1].split()[1]))
+    return times[0], times[1]
 
 
 def main() -> None:
@@ -141,28 +188,56 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--rows", default="", help="semicolon-separated substrings of the rows to run")
+    parser.add_argument("--no-compile", action="store_true", help="skip the compiled and inductor columns")
+    parser.add_argument("--no-cold", action="store_true", help="skip the cold/warm first-step table")
+    parser.add_argument("--first-step", default="", help=argparse.SUPPRESS)  # child process of cold_and_warm
+    parser.add_argument("--mode", default="compiled", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.first_step:
+        first_step_ms(args.first_step, args.mode)
+        return
     print(f"torch {torch.__version__}, pjrt plugin: {torch_pjrt.platform()['platform']}, "
           f"torch.get_num_threads() = {torch.get_num_threads()} (CPU eager and CPU fallbacks), "
           f"os.cpu_count() = {os.cpu_count()}, load average {os.getloadavg()[0]:.1f}")
-    print(f"train step (forward, backward, optimizer), batch as in the source; "
-          f"median of {args.steps} steps after {args.warmup} warm-up steps")
-    print(f"  {'model':<32}{'strict':>9}{'fused':>9}{'cpu':>9}{'fused/cpu':>11}{'strict/fused':>14}"
-          f"{'fused compiles':>16}   CPU fallbacks")
-    for name, make in ROWS:
-        if args.rows and not any(r.lower() in name.lower() for r in args.rows.split(";")):
-            continue
+    print(f"train step (forward, backward, optimizer), batch as in the source; median ms of {args.steps} "
+          f"steps after {args.warmup} warm-up steps. compiled: torch.compile(backend='pjrt') of the loss "
+          f"(forward + backward) and of optimizer.step; inductor: the same on the CPU")
+    print(f"  {'model':<32}{'strict':>9}{'fused':>9}{'compiled':>9}{'cpu':>9}{'inductor':>9}"
+          f"{'compiled/inductor':>19}{'steady compiles':>17}   CPU fallbacks")
+    rows = [(name, make) for name, make in ROWS
+            if not args.rows or any(r.lower() in name.lower() for r in args.rows.split(";"))]
+    for name, make in rows:
         cpu_ms = median_ms(make, "cpu", args.warmup, args.steps)
+        inductor_ms = float("nan")
         try:
             strict_ms, _, fb = pjrt_ms(make, "strict", args.warmup, args.steps)
-            fused_ms, compiles, fb_fused = pjrt_ms(make, "fused", args.warmup, args.steps)
+            fused_ms, compiles, _ = pjrt_ms(make, "fused", args.warmup, args.steps)
+            compiled_ms, compiled_compiles = float("nan"), 0
+            if not args.no_compile:
+                compiled_ms, compiled_compiles, _ = pjrt_ms(make, "compiled", args.warmup, args.steps)
+                inductor_ms = median_ms(make, "cpu", args.warmup, args.steps, backend="inductor")
         except Exception as e:  # an op the device cannot run yet: show it, keep going
-            print(f"  {name:<32}{'failed':>9}{'':>9}{cpu_ms:>9.1f}   {type(e).__name__}: {str(e)[:80]}")
+            print(f"  {name:<32}{'failed':>9}   {type(e).__name__}: {str(e)[:100]}")
             continue
-        print(f"  {name:<32}{strict_ms:>9.1f}{fused_ms:>9.1f}{cpu_ms:>9.1f}{fused_ms / cpu_ms:>11.2f}"
-              f"{strict_ms / fused_ms:>14.2f}{compiles:>16}   {fb if fb == fb_fused else fb + ' / ' + fb_fused}")
+        print(f"  {name:<32}{strict_ms:>9.1f}{fused_ms:>9.1f}{compiled_ms:>9.1f}{cpu_ms:>9.1f}{inductor_ms:>9.1f}"
+              f"{compiled_ms / inductor_ms:>19.2f}{f'{compiles} / {compiled_compiles}':>17}   {fb}")
+    if args.no_cold or args.no_compile:
+        return
+    print("first step (s), a fresh process: cold = empty compile caches, warm = a second process "
+          "reading the first one's caches from disk")
+    print(f"  {'model':<32}{'compiled cold':>15}{'warm':>8}{'inductor cold':>15}{'warm':>8}")
+    for name, _ in rows:
+        if not name.startswith(("GPT 4x128, sdpa, f32", "HF GPT-2")):
+            continue
+        try:
+            pc, pw = cold_and_warm(name, "compiled")
+            ic, iw = cold_and_warm(name, "inductor")
+        except Exception as e:  # noqa: BLE001
+            print(f"  {name:<32} failed: {e}")
+            continue
+        print(f"  {name:<32}{pc / 1e3:>15.2f}{pw / 1e3:>8.2f}{ic / 1e3:>15.2f}{iw / 1e3:>8.2f}")
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -114,7 +115,7 @@ class PjrtGraph:
         self.single_output = _returns_single(gm)  # a part may return one tensor, AOT graphs a tuple
         self.stats = stats
         self.variants: dict[int, _Variant | str] = {}  # str: why this layout runs eagerly
-        self.constants = [t for t in _held_tensors(gm) if t.device.type == torch._C._get_privateuse1_backend_name()]
+        self.constants = [t for t in _held_tensors(gm) if t.device.type == _DEVICE]
 
     def __call__(self, *call_args: Any) -> Any:
         if len(call_args) == 1 and isinstance(call_args[0], list):
@@ -122,13 +123,28 @@ class PjrtGraph:
             call_args[0].clear()  # boxed: the caller's references go, inputs can be freed early
         else:
             inputs = list(call_args)
+        # The hot path: dense pjrt tensors of one device, a layout seen before.
+        try:
+            key = _C._layout_key(inputs)  # 0: not all dense pjrt tensors of one device
+        except TypeError:  # a non-tensor input
+            key = 0
+        variant = self.variants.get(key) if key else None
+        if type(variant) is _Variant:
+            out = variant.graph.run(inputs)
+            if out is not None:
+                self.stats.calls += 1
+                result = _assemble(out, variant.constants)
+                return result[0] if self.single_output else result
+        return self._call_slowly(inputs)
+
+    def _call_slowly(self, inputs: list[Any]) -> Any:
         device = _device_of(inputs)
         why = _why_not_replayable(inputs, device)
         if why:
             self._note_eager(why)
             return self.gm(*inputs)
         # 0-d CPU inputs (an optimizer's step count without capturable=True)
-        # are read on the device; an in-place update is copied back after.
+        # are read on the device; in-place updates are copied back after.
         host = {i: t for i, t in enumerate(inputs) if t.device.type == "cpu"}
         if host:
             inputs = [t.to(f"{_device_name()}:{device}") if i in host else t for i, t in enumerate(inputs)]
@@ -149,9 +165,7 @@ class PjrtGraph:
             else:
                 result, graph = self._capture(inputs, device, key)
                 mutated = graph.mutated_inputs if graph is not None else list(host)
-        for i in mutated:
-            if i in host:
-                host[i].copy_(inputs[i])
+        _copy_back(host, inputs, mutated)
         return result
 
     def _capture(self, inputs: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
@@ -187,13 +201,16 @@ class PjrtGraph:
             self.stats.eager_graphs.append(note)
 
 
+_DEVICE = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
+
+
 def _device_name() -> str:
-    return torch._C._get_privateuse1_backend_name()
+    return _DEVICE
 
 
 def _device_of(inputs: Sequence[Any]) -> int:
     for t in inputs:
-        if isinstance(t, torch.Tensor) and t.device.type == _device_name():
+        if isinstance(t, torch.Tensor) and t.device.type == _DEVICE:
             return t.device.index or 0
     return 0
 
@@ -205,11 +222,34 @@ def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
         if t.device.type == "cpu":
             if t.dim() > _CPU_SCALAR_LIMIT:
                 return f"input {i} is a CPU tensor of shape {tuple(t.shape)}"
-        elif t.device.type != _device_name() or (t.device.index or 0) != device:
+        elif t.device.type != _DEVICE or (t.device.index or 0) != device:
             return f"input {i} is on {t.device}, the graph runs on {_device_name()}:{device}"
         if t.is_sparse or t.layout != torch.strided:
             return f"input {i} has layout {t.layout}"
     return ""
+
+
+_warned_host_scalars = False
+
+
+def _copy_back(host: dict[int, torch.Tensor], inputs: list[torch.Tensor], mutated: Sequence[int]) -> None:
+    """Writes the device copies of mutated CPU inputs back, in one device-to-host read."""
+    global _warned_host_scalars
+    written = [i for i in mutated if i in host]
+    if not written:
+        return
+    if not _warned_host_scalars:
+        _warned_host_scalars = True
+        warnings.warn(f"torch_pjrt: a compiled graph updates {len(written)} CPU scalar tensor(s) in place (such as "
+                      "an optimizer's step count); each call reads them back from the device. Create the "
+                      "optimizer with capturable=True to keep them on the device.", stacklevel=2)
+    if len({inputs[i].dtype for i in written}) == 1:
+        values = torch.stack([inputs[i].reshape(()) for i in written]).cpu()
+        for i, v in zip(written, values):
+            host[i].copy_(v)
+    else:
+        for i in written:
+            host[i].copy_(inputs[i])
 
 
 def _held_tensors(gm: torch.fx.GraphModule) -> list[torch.Tensor]:

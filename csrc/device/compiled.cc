@@ -54,29 +54,24 @@ void abort_capture(int device) {
 uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
   uint64_t h = 0x7043;
   std::unordered_map<const void*, int> first_of;
+  int device = -1;
   for (size_t j = 0; j < inputs.size(); ++j) {
     const at::Tensor& t = inputs[j];
-    if (!t.defined()) {
-      h = mix(h, 1);
-      continue;
-    }
-    h = mix(h, static_cast<uint64_t>(t.device().type()) * 977 + static_cast<uint64_t>(t.device().index() + 1));
+    StorageState* st = state_of(t);
+    if (!st || t.layout() != at::kStrided) return 0;  // not replayable as it is
+    if (device < 0) device = st->device_index;
+    if (st->device_index != device) return 0;
     h = mix(h, static_cast<uint64_t>(t.scalar_type()));
     h = mix(h, static_cast<uint64_t>(t.dim()));
     for (int64_t d = 0; d < t.dim(); ++d) h = mix(mix(h, t.size(d)), t.stride(d));
     h = mix(h, static_cast<uint64_t>(t.storage_offset()));
-    StorageState* st = state_of(t);
-    if (!st) {
-      h = mix(h, 2);
-      continue;
-    }
     h = mix(h, st->nbytes);
     h = mix(h, static_cast<uint64_t>(st->dtype));
     for (int64_t d : st->dims) h = mix(h, static_cast<uint64_t>(d));
     auto [it, fresh] = first_of.emplace(st, static_cast<int>(j));
     h = mix(h, fresh ? 3 : 1000 + static_cast<uint64_t>(it->second));
   }
-  return h;
+  return h | 1;  // never 0
 }
 
 std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vector<at::Tensor>& inputs,

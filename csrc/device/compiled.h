@@ -21,7 +21,8 @@ void abort_capture(int device);
 
 // A layout key of a call's inputs: dtype, sizes, strides, offset, storage size
 // and contents type, and which inputs share a storage. A captured program is
-// valid exactly for inputs of its key.
+// valid exactly for inputs of its key. 0 when the inputs are not all dense
+// pjrt tensors of one device (they are not replayed as they are).
 uint64_t layout_key(const std::vector<at::Tensor>& inputs);
 
 class CompiledGraph {

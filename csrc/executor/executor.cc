@@ -256,6 +256,12 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
     }
   }
   if (!exe) {
+    if (const char* dump = std::getenv("TORCH_PJRT_DUMP_DIR"); dump && *dump) {
+      // What XLA is asked to compile, for reading and profiling (one file per program).
+      std::ofstream(std::string(dump) + "/" + std::to_string(metrics().compiles.load()) + "-" +
+                    std::to_string(std::hash<std::string>()(mlir) & 0xFFFFFF) + ".mlir")
+          << "// " << op() << "\n" << mlir;
+    }
     auto start = std::chrono::steady_clock::now();
     exe = client_->compile(mlir);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
