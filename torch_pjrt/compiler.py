@@ -29,20 +29,104 @@ from . import _C
 _CPU_SCALAR_LIMIT = 0
 
 
+# The shapes of one call's inputs: a tensor's sizes, or (value,) for an int input.
+Signature = tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class RecompilePolicy:
+    """The compilation-storm guard: past `limit` distinct input shapes for one compiled
+    function, warn once (naming the varying dims and a bucket list) or raise."""
+
+    limit: int = 4
+    action: str = "warn"  # "warn" or "error"
+
+
+def _policy_from_env() -> RecompilePolicy:
+    action = os.environ.get("TORCH_PJRT_RECOMPILE", "warn").strip().lower() or "warn"
+    if action not in ("warn", "error"):
+        raise ValueError(f"torch_pjrt: TORCH_PJRT_RECOMPILE must be warn or error, got {action!r}")
+    limit = os.environ.get("TORCH_PJRT_RECOMPILE_LIMIT", "4").strip() or "4"
+    if not limit.isdigit() or int(limit) < 1:
+        raise ValueError(f"torch_pjrt: TORCH_PJRT_RECOMPILE_LIMIT must be a positive integer, got {limit!r}")
+    return RecompilePolicy(int(limit), action)
+
+
+_policy = _policy_from_env()
+
+
+def set_recompile_policy(limit: int | None = None, action: str | None = None) -> RecompilePolicy:
+    """Sets the storm guard (limit of distinct shapes per function, "warn" or "error");
+    returns the previous policy."""
+    global _policy
+    previous = _policy
+    new = RecompilePolicy(previous.limit if limit is None else limit, previous.action if action is None else action)
+    if new.action not in ("warn", "error") or new.limit < 1:
+        raise ValueError(f"torch_pjrt: bad recompile policy {new}")
+    _policy = new
+    return previous
+
+
+class RecompileError(RuntimeError):
+    """A compiled function met more distinct input shapes than TORCH_PJRT_RECOMPILE_LIMIT allows."""
+
+
+def suggest_buckets(values: Sequence[int]) -> list[int]:
+    """Powers of two covering the observed sizes: one program per bucket instead of per size."""
+    return sorted({1 << max(int(v) - 1, 0).bit_length() for v in values})
+
+
+def _varying_dims(signatures: Sequence[Signature]) -> list[tuple[int, int, list[int]]]:
+    """(input, dim, the values it took) for every dim that differs across the signatures."""
+    first = signatures[0]
+    out = []
+    for i, shape in enumerate(first):
+        if any(len(sig) != len(first) or len(sig[i]) != len(shape) for sig in signatures):
+            continue
+        for d in range(len(shape)):
+            values = sorted({sig[i][d] for sig in signatures})
+            if len(values) > 1:
+                out.append((i, d, values))
+    return out
+
+
+def _guard_storm(name: str, stats: FunctionStats, kind: str, signature: Signature) -> None:
+    seen = stats.program_shapes.setdefault(kind, [])
+    if signature in seen:
+        return
+    seen.append(signature)
+    if len(seen) <= _policy.limit or (stats.storm and _policy.action == "warn"):
+        return
+    varying = _varying_dims(seen)
+    where = "; ".join(f"input {i} dim {d} takes {v}, e.g. buckets {suggest_buckets(v)}" for i, d, v in varying)
+    stats.storm = (f"{name}: {len(seen)} distinct input shapes for its {kind} graph (limit {_policy.limit}), each "
+                   f"a new program. {where or 'the inputs change rank'}. Pad to buckets "
+                   f"(torch_pjrt.shapes.pad_to_bucket) or raise TORCH_PJRT_RECOMPILE_LIMIT.")
+    if _policy.action == "error":
+        raise RecompileError("torch_pjrt: " + stats.storm)
+    warnings.warn("torch_pjrt: " + stats.storm, stacklevel=4)
+
+
 @dataclass
 class FunctionStats:
     """What happened to one compiled function (a Dynamo frame)."""
 
+    name: str = ""
     dynamo_graphs: int = 0  # graphs Dynamo handed to the backend (first compile + recompiles)
     shapes: list[list[tuple[int, ...]]] = field(default_factory=list)  # input shapes of each
     programs: int = 0  # captured programs (forward, backward, inference; per input layout)
     calls: int = 0  # program runs, first calls included
     eager_graphs: list[str] = field(default_factory=list)  # why a graph runs op by op
+    # Distinct input shapes each kind of graph was captured for (what the storm guard counts).
+    program_shapes: dict[str, list[Signature]] = field(default_factory=dict)
+    storm: str = ""  # the storm guard's finding, once
 
     def as_dict(self) -> dict[str, Any]:
         return {"dynamo_graphs": self.dynamo_graphs, "recompiles": max(self.dynamo_graphs - 1, 0),
                 "shapes": self.shapes, "programs": self.programs, "calls": self.calls,
-                "eager_graphs": list(self.eager_graphs)}
+                "eager_graphs": list(self.eager_graphs),
+                "program_shapes": {k: [list(sig) for sig in v] for k, v in self.program_shapes.items()},
+                "storm": self.storm}
 
 
 _stats: dict[str, FunctionStats] = {}
@@ -61,7 +145,7 @@ def reset_compiled_stats() -> None:
 
 def _stats_for(name: str) -> FunctionStats:
     with _stats_lock:
-        return _stats.setdefault(name, FunctionStats())
+        return _stats.setdefault(name, FunctionStats(name))
 
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -145,30 +229,35 @@ class PjrtGraph:
             return self.gm(*inputs)
         # 0-d CPU inputs (an optimizer's step count without capturable=True)
         # are read on the device; in-place updates are copied back after.
-        host = {i: t for i, t in enumerate(inputs) if t.device.type == "cpu"}
+        host = {i: t for i, t in enumerate(inputs) if isinstance(t, torch.Tensor) and t.device.type == "cpu"}
         if host:
-            inputs = [t.to(f"{_device_name()}:{device}") if i in host else t for i, t in enumerate(inputs)]
-        key = _C._layout_key(inputs)
+            inputs = [t.to(f"{_DEVICE}:{device}") if i in host else t for i, t in enumerate(inputs)]
+        # Int inputs (sizes of a dynamic-shape graph) specialize the program: part of the key.
+        positions = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
+        tensors = [inputs[i] for i in positions]
+        ints = tuple(t for t in inputs if not isinstance(t, torch.Tensor))
+        key = hash((_C._layout_key(tensors), ints)) if ints else _C._layout_key(tensors)
         variant = self.variants.get(key)
         if isinstance(variant, (str, _Partitioned)):
             self._note_eager(variant if isinstance(variant, str) else variant.why)
             result = (self.gm if isinstance(variant, str) else variant.gm)(*inputs)
             mutated: Sequence[int] = list(host)
         else:
-            out = variant.graph.run(inputs) if variant is not None else None
+            out = variant.graph.run(tensors) if variant is not None else None
             if out is not None:
                 self.stats.calls += 1
                 result = _assemble(out, variant.constants)
                 if self.single_output:
                     result = result[0]
-                mutated = variant.graph.mutated_inputs
+                mutated = [positions[j] for j in variant.graph.mutated_inputs]
             else:
-                result, graph = self._capture(inputs, device, key)
-                mutated = graph.mutated_inputs if graph is not None else list(host)
+                _guard_storm(self.stats.name, self.stats, self.kind, _signature(inputs))
+                result, graph = self._capture(inputs, tensors, device, key)
+                mutated = [positions[j] for j in graph.mutated_inputs] if graph is not None else list(host)
         _copy_back(host, inputs, mutated)
         return result
 
-    def _capture(self, inputs: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
+    def _capture(self, inputs: list[Any], tensors: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
         fallbacks_before = dict(_C._metrics()["fallbacks"])
         _C._capture_begin(device)
         try:
@@ -177,8 +266,8 @@ class PjrtGraph:
             _C._capture_abort(device)
             raise
         outs = [result] if self.single_output else list(result)
-        tensors = [o if isinstance(o, torch.Tensor) else None for o in outs]
-        graph, why = _C._capture_end(device, inputs, tensors, self.constants)
+        outputs = [o if isinstance(o, torch.Tensor) else None for o in outs]
+        graph, why = _C._capture_end(device, tensors, outputs, self.constants)
         if graph is None:
             fell_back = {_base_name(op) for op, n in _C._metrics()["fallbacks"].items()
                          if n > fallbacks_before.get(op, 0)}
@@ -217,8 +306,10 @@ def _device_of(inputs: Sequence[Any]) -> int:
 
 def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
     for i, t in enumerate(inputs):
+        if isinstance(t, int):
+            continue  # a size of a dynamic-shape graph: the program is specialized to it
         if not isinstance(t, torch.Tensor):
-            return f"input {i} is a {type(t).__name__}, not a tensor (dynamic shapes run eagerly)"
+            return f"input {i} is a {type(t).__name__}, not a tensor or an int"
         if t.device.type == "cpu":
             if t.dim() > _CPU_SCALAR_LIMIT:
                 return f"input {i} is a CPU tensor of shape {tuple(t.shape)}"
@@ -230,6 +321,17 @@ def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
 
 
 _warned_host_scalars = False
+
+
+def _signature(inputs: Sequence[Any]) -> Signature:
+    return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else (int(t),) for t in inputs)
+
+
+def _dims(t: Any) -> tuple[Any, ...]:
+    """A Dynamo example input's shape: ints, or the symbol's name for a dynamic dim."""
+    if not isinstance(t, torch.Tensor):
+        return ()
+    return tuple(d if isinstance(d, int) else str(d) for d in t.shape)
 
 
 def _copy_back(host: dict[int, torch.Tensor], inputs: list[torch.Tensor], mutated: Sequence[int]) -> None:
@@ -337,7 +439,7 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options:
         raise TypeError(f"torch_pjrt: backend 'pjrt' takes no options, got {sorted(options)}")
     stats = _stats_for(_frame_name(gm))
     stats.dynamo_graphs += 1
-    stats.shapes.append([tuple(t.shape) if isinstance(t, torch.Tensor) else () for t in example_inputs])
+    stats.shapes.append([_dims(t) for t in example_inputs])
     backend = aot_autograd(
         fw_compiler=_graph_compiler("forward", stats),
         bw_compiler=_graph_compiler("backward", stats),
