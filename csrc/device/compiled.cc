@@ -10,6 +10,21 @@ uint64_t mix(uint64_t h, uint64_t v) {
   return h * 0xBF58476D1CE4E5B9ULL;
 }
 
+// Gives a storage's contents the type a program parameter wants (same bytes,
+// other dims or element type): one small program, instead of a new capture
+// whenever another op happened to produce the input.
+void retype_contents(executor::DeviceGraph& graph, executor::Storage* s, const ir::Type& want) {
+  executor::Fragment f;
+  ir::Builder b(f.graph);
+  ir::Type have{s->dtype, s->dims};
+  ir::Value v = f.graph.param(have);
+  f.params.push_back({s, nullptr});
+  if (have.dtype != want.dtype) v = b.bitcast_flat(b.reshape(v, {have.numel()}), want.dtype);
+  f.results.emplace_back(s, b.reshape(v, want.dims));
+  f.record.op = "pjrt::retype (a compiled graph's input)";
+  graph.record(std::move(f), executor::RecordMode::Run);
+}
+
 [[noreturn]] void rethrow_graph_error(const executor::GraphError& e) {
   std::string ops = e.ops().empty() ? "a compiled graph"
                                     : "a compiled graph of " + std::to_string(e.ops().size()) +
@@ -52,7 +67,8 @@ void abort_capture(int device) {
 }
 
 uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
-  uint64_t h = 0x7043;
+  // A program carries the matmul precision it was captured with.
+  uint64_t h = mix(0x7043, static_cast<uint64_t>(at::globalContext().float32MatmulPrecision()));
   std::unordered_map<const void*, int> first_of;
   int device = -1;
   for (size_t j = 0; j < inputs.size(); ++j) {
@@ -65,9 +81,7 @@ uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
     h = mix(h, static_cast<uint64_t>(t.dim()));
     for (int64_t d = 0; d < t.dim(); ++d) h = mix(mix(h, t.size(d)), t.stride(d));
     h = mix(h, static_cast<uint64_t>(t.storage_offset()));
-    h = mix(h, st->nbytes);
-    h = mix(h, static_cast<uint64_t>(st->dtype));
-    for (int64_t d : st->dims) h = mix(h, static_cast<uint64_t>(d));
+    h = mix(h, st->nbytes);  // not the contents' dims: run() reshapes them to the program's
     auto [it, fresh] = first_of.emplace(st, static_cast<int>(j));
     h = mix(h, fresh ? 3 : 1000 + static_cast<uint64_t>(it->second));
   }
@@ -204,9 +218,17 @@ std::optional<std::vector<std::optional<at::Tensor>>> CompiledGraph::run(const s
         continue;
       }
       executor::Storage* s = b.from == From::Input ? state_of(inputs[b.index]) : b.storage;
-      args.push_back(graph.materialize(s));
+      std::shared_ptr<runtime::Buffer> buffer = graph.materialize(s);
       const ir::Type& want = cap.param_types[p];
-      if (!args.back() || s->dtype != want.dtype || s->dims != want.dims) return std::nullopt;
+      if (!buffer) return std::nullopt;
+      if (s->dtype != want.dtype || s->dims != want.dims) {
+        int64_t have_bytes = ir::Type{s->dtype, s->dims}.numel() * static_cast<int64_t>(ir::dtype_size(s->dtype));
+        if (have_bytes != want.numel() * static_cast<int64_t>(ir::dtype_size(want.dtype))) return std::nullopt;
+        buffer.reset();
+        retype_contents(graph, s, want);
+        buffer = graph.materialize(s);
+      }
+      args.push_back(std::move(buffer));
     }
   } catch (const executor::GraphError& e) {
     rethrow_graph_error(e);

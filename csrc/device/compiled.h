@@ -19,8 +19,8 @@ void begin_capture(int device);
 // Stops recording after an error; what was recorded still runs.
 void abort_capture(int device);
 
-// A layout key of a call's inputs: dtype, sizes, strides, offset, storage size
-// and contents type, and which inputs share a storage. A captured program is
+// A layout key of a call's inputs: dtype, sizes, strides, offset, storage size,
+// and which inputs share a storage. A captured program is
 // valid exactly for inputs of its key. 0 when the inputs are not all dense
 // pjrt tensors of one device (they are not replayed as they are).
 uint64_t layout_key(const std::vector<at::Tensor>& inputs);
@@ -36,8 +36,10 @@ class CompiledGraph {
                                                const std::vector<at::Tensor>& constants, std::string* why);
 
   // One call: inputs of the captured layout key. Returns the outputs (null
-  // where the graph returned no tensor), or nullopt when an input's contents
-  // have another type than at capture (the caller captures again).
+  // where the graph returned no tensor), or nullopt when an input storage has
+  // no contents or other bytes than at capture (the caller captures again).
+  // Contents of other dims or element type (produced by another op) are first
+  // given the captured type by a small program.
   std::optional<std::vector<std::optional<at::Tensor>>> run(const std::vector<at::Tensor>& inputs);
 
   size_t num_ops() const;

@@ -469,6 +469,12 @@ executor::Storage& rng_storage(const at::Generator& gen) { return at::check_gene
 // ---------------------------------------------------------------- OpBuilder
 
 OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {
+  // torch.set_float32_matmul_precision, read per op (it has no change hook).
+  switch (at::globalContext().float32MatmulPrecision()) {
+    case at::Float32MatmulPrecision::HIGHEST: ir::set_dot_precision(ir::DotPrecision::Highest); break;
+    case at::Float32MatmulPrecision::HIGH: ir::set_dot_precision(ir::DotPrecision::High); break;
+    case at::Float32MatmulPrecision::MEDIUM: ir::set_dot_precision(ir::DotPrecision::Default); break;
+  }
   frag_.graph.reserve(6);  // a typical op's nodes (small enough for malloc's fast path)
 }
 

@@ -244,6 +244,13 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
   }
   std::shared_ptr<runtime::LoadedExecutable> exe;
   std::string mlir = print();
+  if (const char* dump = std::getenv("TORCH_PJRT_DUMP_DIR"); dump && *dump) {
+    // Every program text printed (a memory-tier miss), for reading and profiling.
+    static std::atomic<int> dumped{0};
+    std::ofstream(std::string(dump) + "/" + std::to_string(dumped++) + "-" +
+                  std::to_string(std::hash<std::string>()(mlir) & 0xFFFFFF) + ".mlir")
+        << "// " << op() << "\n" << mlir;
+  }
   std::string key = identity_ + "\n" + mlir;
   std::string payload;
   if (disk_.load(key, &payload)) {
@@ -256,12 +263,6 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
     }
   }
   if (!exe) {
-    if (const char* dump = std::getenv("TORCH_PJRT_DUMP_DIR"); dump && *dump) {
-      // What XLA is asked to compile, for reading and profiling (one file per program).
-      std::ofstream(std::string(dump) + "/" + std::to_string(metrics().compiles.load()) + "-" +
-                    std::to_string(std::hash<std::string>()(mlir) & 0xFFFFFF) + ".mlir")
-          << "// " << op() << "\n" << mlir;
-    }
     auto start = std::chrono::steady_clock::now();
     exe = client_->compile(mlir);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(

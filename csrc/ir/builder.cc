@@ -1,5 +1,7 @@
 #include "ir/builder.h"
 
+#include <atomic>
+
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
@@ -272,6 +274,23 @@ Value Builder::clamp(Value lo, Value v, Value hi) {
   return g_.add("stablehlo.clamp", {lo, v, hi}, type(v));
 }
 
+namespace {
+std::atomic<int> g_dot_precision{static_cast<int>(DotPrecision::Highest)};
+
+std::string precision_attr() {
+  const char* p = "HIGHEST";
+  switch (dot_precision()) {
+    case DotPrecision::Default: p = "DEFAULT"; break;
+    case DotPrecision::High: p = "HIGH"; break;
+    case DotPrecision::Highest: break;
+  }
+  return std::string(", precision_config = [#stablehlo<precision ") + p + ">, #stablehlo<precision " + p + ">]";
+}
+}  // namespace
+
+void set_dot_precision(DotPrecision p) { g_dot_precision.store(static_cast<int>(p), std::memory_order_relaxed); }
+DotPrecision dot_precision() { return static_cast<DotPrecision>(g_dot_precision.load(std::memory_order_relaxed)); }
+
 Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
                            const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,
                            const std::vector<int64_t>& rc, DType result) {
@@ -293,7 +312,7 @@ Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
   parts.push_back("lhs_contracting_dimensions = " + int_list(lc));
   parts.push_back("rhs_contracting_dimensions = " + int_list(rc));
   for (size_t i = 0; i < parts.size(); ++i) dn += (i ? ", " : "") + parts[i];
-  dn += ">";
+  dn += ">" + precision_attr();
   return g_.add("stablehlo.dot_general", {a, b}, Type{result, out}, dn);
 }
 
@@ -347,7 +366,7 @@ Value Builder::convolution(Value lhs, Value rhs, const std::string& dimension_nu
                       ">, feature_group_count = " + std::to_string(feature_group_count) +
                       " : i64, lhs_dilation = " + i64_array(lhs_dilation) +
                       ", padding = " + padding_attr(padding) + ", rhs_dilation = " + i64_array(rhs_dilation) +
-                      ", window_strides = " + i64_array(window_strides);
+                      ", window_strides = " + i64_array(window_strides) + precision_attr();
   return g_.add("stablehlo.convolution", {lhs, rhs}, Type{result, result_dims}, attrs);
 }
 

@@ -12,6 +12,13 @@ namespace torch_pjrt::ir {
 std::string i64_array(const std::vector<int64_t>& v);  // array<i64: 1, 2>
 std::string int_list(const std::vector<int64_t>& v);   // [1, 2]
 
+// The precision of dots and convolutions (torch.set_float32_matmul_precision:
+// highest, high, medium), written into every program's precision_config.
+// Process-wide; read when an op is lowered.
+enum class DotPrecision { Default, High, Highest };
+void set_dot_precision(DotPrecision p);
+DotPrecision dot_precision();
+
 class Builder {
  public:
   explicit Builder(Graph& g) : g_(g) {}

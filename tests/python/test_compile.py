@@ -302,3 +302,67 @@ def test_second_process_starts_warm_from_the_disk_cache(tmp_path):
     assert cold["compiles"] >= 2, cold  # at least the forward and backward programs
     assert warm["compiles"] == 0 and warm["disk"] >= cold["compiles"], warm
     assert warm["loss"] == cold["loss"] and warm["grad"] == cold["grad"]
+
+
+def test_storm_guard_warns_once_naming_the_varying_dim_and_buckets(dev):
+    fc = compile_pjrt(lambda x: x.cos() * 2)
+    previous = torch_pjrt.set_recompile_policy(limit=3, action="warn")
+    try:
+        with pytest.warns(UserWarning, match=r"input 0 dim 0 takes \[1, 2, 3, 5\], e.g. buckets \[1, 2, 4, 8\]"):
+            for n in (1, 2, 3, 5):
+                fc(torch.ones(n, 7, device=dev))
+        s = stats()
+        assert "4 distinct input shapes" in s["storm"], s
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once per function: the next shapes do not warn again
+            fc(torch.ones(6, 7, device=dev))
+        torch._dynamo.reset()
+        torch_pjrt.reset_metrics()
+        torch_pjrt.set_recompile_policy(action="error")
+        fe = compile_pjrt(lambda x: x.sin())
+        for n in (1, 2, 3):
+            fe(torch.ones(n, device=dev))
+        with pytest.raises(torch_pjrt.RecompileError, match="distinct input shapes"):
+            fe(torch.ones(4, device=dev))
+    finally:
+        torch_pjrt.set_recompile_policy(previous.limit, previous.action)
+
+
+def test_recompile_env_is_validated():
+    out = subprocess.run([sys.executable, "-c", "import torch_pjrt"], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, TORCH_PJRT_RECOMPILE="sometimes"))
+    assert out.returncode != 0 and "TORCH_PJRT_RECOMPILE must be warn or error" in out.stderr
+
+
+def test_dynamic_shapes_specialize_one_program_per_size(dev):
+    fc = torch.compile(lambda x: (x * x).sum(0), backend="pjrt", dynamic=True)
+    for n in (3, 5, 3, 5):
+        x = torch.randn(n, 4)
+        assert_close(fc(x.to(dev)), (x * x).sum(0))
+    s = stats()
+    assert s["dynamo_graphs"] == 1, s  # one symbolic Dynamo graph ...
+    assert s["programs"] == 2 and s["eager_graphs"] == [], s  # ... specialized per size
+
+
+@pytest.mark.parametrize("mode", ["strict", "fused", "compiled"])
+def test_float32_matmul_precision_is_carried_into_the_program(dev, tmp_path, monkeypatch, mode):
+    monkeypatch.setenv("TORCH_PJRT_DUMP_DIR", str(tmp_path))
+    previous = torch.get_float32_matmul_precision()
+    torch_pjrt.set_eager_mode("fused" if mode == "fused" else "strict")
+    fn = (lambda a, b: a @ b) if mode != "compiled" else compile_pjrt(lambda a, b: a @ b)
+    try:
+        for k, (setting, expected) in enumerate([("highest", "HIGHEST"), ("high", "HIGH"), ("medium", "DEFAULT")]):
+            torch.set_float32_matmul_precision(setting)
+            n = 5 + k + 10 * ["strict", "fused", "compiled"].index(mode)
+            a, b = torch.randn(3, n), torch.randn(n, 2)  # a new shape: a new program to read
+            before = set(os.listdir(tmp_path))
+            assert_close(fn(a.to(dev), b.to(dev)), a @ b)
+            new = [f for f in os.listdir(tmp_path) if f not in before]
+            texts = [open(os.path.join(tmp_path, f)).read() for f in new]
+            dots = [t for t in texts if "stablehlo.dot_general" in t]
+            assert dots, new
+            assert all(f"precision {expected}" in t for t in dots), (setting, dots[0][:2000])
+    finally:
+        torch.set_float32_matmul_precision(previous)
