@@ -3,6 +3,8 @@
   per-op overhead on tiny tensors vs PyTorch CPU eager: strict (one program per
   op, cache hit), fused (ops recorded, run as one program per loop body), and
   fused recording alone (no flush inside the timed loop)
+  a tiny torch.compile'd function's per-call overhead: backend="pjrt" vs inductor
+  on the CPU vs eager (pjrt strict, PyTorch CPU)
   1024x1024 matmul vs PyTorch CPU
   transformer training step vs PyTorch CPU
   first training step cold (empty disk cache) vs warm (second process, disk cache)
@@ -80,6 +82,22 @@ def op_overhead() -> None:
               f"{res['pjrt'] / res['cpu']:>12.2f}{res['record'] / res['cpu']:>12.2f}")
 
 
+def compiled_call_overhead() -> None:
+    """f(x) = (x * 2 + 1).relu() on 16 elements: what one call of a compiled function costs."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2 + 1).relu()
+
+    res = {}
+    for name, device, fn in (("pjrt compiled", "pjrt", torch.compile(f, backend="pjrt", dynamic=False)),
+                             ("pjrt strict eager", "pjrt", f),
+                             ("cpu inductor", "cpu", torch.compile(f, backend="inductor", dynamic=False)),
+                             ("cpu eager", "cpu", f)):
+        x = torch.randn(16, device=device)
+        res[name] = per_call_us(lambda: fn(x), device, 3000)
+    print("tiny compiled function, (x * 2 + 1).relu() on 16 elements, µs per call: "
+          + "   ".join(f"{k} {v:.1f}" for k, v in res.items()))
+
+
 def matmul() -> None:
     res = {}
     for device in ("pjrt", "cpu"):
@@ -154,6 +172,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, pjrt plugin: {torch_pjrt.platform()['platform']}, "
           f"{torch.get_num_threads()} CPU threads")
     op_overhead()
+    compiled_call_overhead()
     matmul()
     dev_ms, cpu_ms = train_step_time("pjrt"), train_step_time("cpu")
     with torch_pjrt.eager_mode("fused"):

@@ -36,7 +36,9 @@ import torch_pjrt  # noqa: E402
 
 
 def sync(device: str) -> None:
-    if device != "cpu":
+    if device == "cuda":
+        torch.cuda.synchronize()
+    elif device != "cpu":
         torch_pjrt.synchronize()
 
 
@@ -189,6 +191,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (default: torch's choice)")
     parser.add_argument("--rows", default="", help="semicolon-separated substrings of the rows to run")
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled and inductor columns")
+    parser.add_argument("--baseline-device", default="cpu",
+                        help="device of the PyTorch eager and inductor columns (cuda on a GPU machine)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold/warm first-step table")
     parser.add_argument("--first-step", default="", help=argparse.SUPPRESS)  # child process of cold_and_warm
     parser.add_argument("--mode", default="compiled", help=argparse.SUPPRESS)
@@ -204,12 +208,13 @@ def main() -> None:
     print(f"train step (forward, backward, optimizer), batch as in the source; median ms of {args.steps} "
           f"steps after {args.warmup} warm-up steps. compiled: torch.compile(backend='pjrt') of the loss "
           f"(forward + backward) and of optimizer.step; inductor: the same on the CPU")
-    print(f"  {'model':<32}{'strict':>9}{'fused':>9}{'compiled':>9}{'cpu':>9}{'inductor':>9}"
+    base = args.baseline_device
+    print(f"  {'model':<32}{'strict':>9}{'fused':>9}{'compiled':>9}{base:>9}{'inductor':>9}"
           f"{'compiled/inductor':>19}{'steady compiles':>17}   CPU fallbacks")
     rows = [(name, make) for name, make in ROWS
             if not args.rows or any(r.lower() in name.lower() for r in args.rows.split(";"))]
     for name, make in rows:
-        cpu_ms = median_ms(make, "cpu", args.warmup, args.steps)
+        cpu_ms = median_ms(make, args.baseline_device, args.warmup, args.steps)
         inductor_ms = float("nan")
         try:
             strict_ms, _, fb = pjrt_ms(make, "strict", args.warmup, args.steps)
@@ -217,13 +222,13 @@ def main() -> None:
             compiled_ms, compiled_compiles = float("nan"), 0
             if not args.no_compile:
                 compiled_ms, compiled_compiles, _ = pjrt_ms(make, "compiled", args.warmup, args.steps)
-                inductor_ms = median_ms(make, "cpu", args.warmup, args.steps, backend="inductor")
+                inductor_ms = median_ms(make, args.baseline_device, args.warmup, args.steps, backend="inductor")
         except Exception as e:  # an op the device cannot run yet: show it, keep going
             print(f"  {name:<32}{'failed':>9}   {type(e).__name__}: {str(e)[:100]}")
             continue
         print(f"  {name:<32}{strict_ms:>9.1f}{fused_ms:>9.1f}{compiled_ms:>9.1f}{cpu_ms:>9.1f}{inductor_ms:>9.1f}"
               f"{compiled_ms / inductor_ms:>19.2f}{f'{compiles} / {compiled_compiles}':>17}   {fb}")
-    if args.no_cold or args.no_compile:
+    if args.no_cold or args.no_compile or base != "cpu":
         return
     print("first step (s), a fresh process: cold = empty compile caches, warm = a second process "
           "reading the first one's caches from disk")

@@ -23,15 +23,16 @@ VOCAB = 128
 GENERATE_FALLBACKS: dict[str, dict[str, int]] = {}
 
 
-def make_model(kind: str, attn: str) -> torch.nn.Module:
+def make_model(kind: str, attn: str, positions: int = 64) -> torch.nn.Module:
     torch.manual_seed(0)
     if kind == "gpt2":
-        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=64, n_embd=64, n_layer=2, n_head=4,
+        cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=positions, n_embd=64, n_layer=2, n_head=4,
                                       bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1, attn_implementation=attn)
         model = transformers.GPT2LMHeadModel(cfg)
     else:
         cfg = transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                       num_attention_heads=4, num_key_value_heads=2,
+                                       max_position_embeddings=positions,
                                        attn_implementation=attn)
         model = transformers.LlamaForCausalLM(cfg)
     return model.eval()  # no dropout: CPU and device must compute the same function
@@ -117,4 +118,38 @@ def test_hf_compiled_training_matches_cpu(kind):
     stats = torch_pjrt.metrics()["compiled"]
     assert sum(s["programs"] for s in stats.values()) >= 2, stats
     assert all(not s["eager_graphs"] for s in stats.values()), stats
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_static_cache_generation_compiles_once_per_bucket(kind):
+    """generate() with a static KV cache and the forward compiled: after the first prompt,
+    64 decode steps and a prompt of another length padded into the same bucket compile
+    nothing new (no Dynamo recompile, no XLA compile), and the tokens are the CPU's."""
+    torch._dynamo.reset()
+    model = make_model(kind, "sdpa", positions=128)
+    cpu_model = copy.deepcopy(model)
+    dev_model = copy.deepcopy(model).to("pjrt")
+    dev_model.forward = torch.compile(dev_model.forward, backend="pjrt", dynamic=False)
+    kw = dict(max_new_tokens=64, do_sample=False, pad_token_id=0, cache_implementation="static")
+    g = torch.Generator().manual_seed(3)
+    bucket = 16
+    totals = []
+    for length in (11, 6):  # real prompt lengths, left-padded to one bucket
+        ids = torch.randint(1, VOCAB, (2, bucket), generator=g)
+        mask = torch.zeros_like(ids)
+        mask[:, bucket - length:] = 1
+        mask[1, : bucket - length + 2] = 0  # the rows differ too
+        ids = ids * mask
+        expected = cpu_model.generate(ids, attention_mask=mask, **kw)
+        with torch.no_grad(), torch_pjrt.fallback_mode("error"):
+            got = dev_model.generate(ids.to("pjrt"), attention_mask=mask.to("pjrt"), **kw)
+        assert torch.equal(got.cpu(), expected), (length, got.cpu().tolist(), expected.tolist())
+        assert got.shape[1] == bucket + 64
+        m = torch_pjrt.metrics()
+        totals.append((m["compiles"], sum(s["dynamo_graphs"] for s in m["compiled"].values()),
+                       sum(s["programs"] for s in m["compiled"].values()), m["compiled_runs"]))
+    (compiles0, dynamo0, programs0, runs0), (compiles1, dynamo1, programs1, runs1) = totals
+    assert (compiles1, dynamo1, programs1) == (compiles0, dynamo0, programs0), totals
+    assert runs1 - runs0 == 64, totals  # one prefill and 63 decode steps, each a replayed program
     torch._dynamo.reset()
