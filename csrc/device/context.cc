@@ -9,6 +9,7 @@
 #include <atomic>
 #include <mutex>
 #include <numeric>
+#include <optional>
 
 namespace torch_pjrt::device {
 
@@ -563,6 +564,31 @@ StridedBox strided_box(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
   return box;
 }
 
+// A captured graph knows its offsets: a non-dense window is then a static slice
+// of the storage seen as a grid [len / outer stride, window_dims[1:]...], with
+// no padded copy of the storage. Empty when the view does not fit the grid.
+struct GridWindow {
+  std::vector<int64_t> grid, start, limit;
+};
+std::optional<GridWindow> grid_window(const StridedBox& box, int64_t len, int64_t offset, int64_t outer_stride) {
+  if (box.window_dims.empty() || outer_stride <= 0 || len % outer_stride != 0) return std::nullopt;
+  GridWindow w;
+  w.grid = box.window_dims;
+  w.grid[0] = len / outer_stride;
+  w.start.assign(w.grid.size(), 0);
+  int64_t rest = offset;
+  for (size_t i = w.grid.size(); i-- > 1;) {
+    w.start[i] = rest % w.grid[i];
+    rest /= w.grid[i];
+  }
+  w.start[0] = rest;
+  for (size_t i = 0; i < w.grid.size(); ++i) {
+    w.limit.push_back(w.start[i] + box.corner[i]);
+    if (w.limit[i] > w.grid[i]) return std::nullopt;
+  }
+  return w;
+}
+
 int64_t position(const std::vector<int64_t>& v, int64_t x) {
   return std::find(v.begin(), v.end(), x) - v.begin();
 }
@@ -620,15 +646,20 @@ Value OpBuilder::input(const at::Tensor& t) {
   int64_t offset = t.storage_offset();
   if (t.is_contiguous() && offset == 0 && numel == len) return builder_.reshape(flat, sizes);
   StridedBox box = strided_box(t.sizes(), t.strides());
+  std::optional<GridWindow> grid;
+  if (box.ok && capturing() && !box.dense()) grid = grid_window(box, len, offset, t.stride(box.order[0]));
   if (box.ok) {
     Value block = flat;
-    if (!(offset == 0 && box.window == len)) {
+    if (grid) {
+      block = builder_.slice(builder_.reshape(flat, grid->grid), grid->start, grid->limit,
+                             std::vector<int64_t>(grid->grid.size(), 1));
+    } else if (!(offset == 0 && box.window == len)) {
       if (box.pad > 0) flat = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});
       block = builder_.dynamic_slice(flat, {offset_param(offset)}, {box.window});
     }
     std::vector<int64_t> sorted_sizes, perm;
     for (int64_t d : box.order) sorted_sizes.push_back(t.size(d));
-    if (!box.dense()) {
+    if (!box.dense() && !grid) {
       block = builder_.reshape(block, box.window_dims);
       block = builder_.slice(block, std::vector<int64_t>(box.corner.size(), 0), box.corner,
                              std::vector<int64_t>(box.corner.size(), 1));
@@ -675,6 +706,15 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
     if (box.dense()) {
       s.flat = builder_.dynamic_update_slice(flat, builder_.reshape(u, {box.window}), {offset_param(offset)});
       return;
+    }
+    if (capturing()) {
+      if (auto grid = grid_window(box, len, offset, dst.stride(box.order[0]))) {
+        std::vector<Value> at;
+        for (int64_t i : grid->start) at.push_back(builder_.constant_int(DType::S64, i));
+        Value g = builder_.dynamic_update_slice(builder_.reshape(flat, grid->grid), builder_.reshape(u, box.corner), at);
+        s.flat = builder_.reshape(g, {len});
+        return;
+      }
     }
     // Read the window around the view, write the corner, put the window back.
     Value padded = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});

@@ -366,3 +366,24 @@ def test_float32_matmul_precision_is_carried_into_the_program(dev, tmp_path, mon
             assert all(f"precision {expected}" in t for t in dots), (setting, dots[0][:2000])
     finally:
         torch.set_float32_matmul_precision(previous)
+
+
+def test_windows_of_a_storage_read_and_written_inside_a_program(dev):
+    """Non-dense views (chunks of the last dim, every other row) inside a captured graph:
+    its offsets are constants, so they lower to static slices of the storage."""
+    def f(base, y):
+        q, k, v = base.chunk(3, dim=-1)      # windows at three offsets
+        base[:, 1:3, 2:4].add_(y)            # a write into a window of the input
+        return (q * 2 + k.sin()).sum(-1), v[:, ::2].cos(), base[:, :, 5:]
+
+    fc = compile_pjrt(f)
+    for seed in (0, 1):
+        g = torch.Generator().manual_seed(seed)
+        base_cpu, y_cpu = torch.randn(2, 4, 9, generator=g), torch.randn(2, 2, 2, generator=g)
+        base = base_cpu.to(dev)
+        outs = fc(base, y_cpu.to(dev))
+        want = f(base_cpu, y_cpu)
+        for got, exp in zip(outs, want):
+            assert_close(got, exp, rtol=1e-6, atol=1e-6)
+        assert_close(base, base_cpu)
+    assert stats()["eager_graphs"] == [] and stats()["programs"] == 1
