@@ -379,9 +379,7 @@ void DeviceGraph::begin_capture() {
   capture_ = std::make_unique<Capture>();
 }
 
-std::unique_ptr<Capture> DeviceGraph::end_capture() {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!capture_) throw std::logic_error("pjrt: end_capture without begin_capture");
+std::unique_ptr<Capture> DeviceGraph::finish_capture_locked() {
   capture_ending_ = true;
   try {
     flush_locked(FlushReason::Compile, false);
@@ -394,21 +392,18 @@ std::unique_ptr<Capture> DeviceGraph::end_capture() {
   return std::move(capture_);
 }
 
+std::unique_ptr<Capture> DeviceGraph::end_capture() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!capture_) throw std::logic_error("pjrt: end_capture without begin_capture");
+  return finish_capture_locked();
+}
+
 void DeviceGraph::abort_capture() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!capture_) return;
   // What was recorded still runs (as the eager ops it came from would have).
   capture_->broken = "aborted";
-  capture_ending_ = true;
-  try {
-    flush_locked(FlushReason::Compile, false);
-  } catch (...) {
-    capture_ending_ = false;
-    capture_.reset();
-    throw;
-  }
-  capture_ending_ = false;
-  capture_.reset();
+  finish_capture_locked();
 }
 
 std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(

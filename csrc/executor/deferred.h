@@ -190,6 +190,7 @@ class DeviceGraph {
   std::unique_ptr<Capture> capture_;  // set between begin_capture and end_capture
   bool capture_ending_ = false;
   void break_capture_locked(const std::string& why);
+  std::unique_ptr<Capture> finish_capture_locked();  // runs the recording, hands the capture out
   void queue_launched(std::unique_ptr<runtime::Event> done, std::vector<Check> checks);
   std::mutex queue_mu_;
   std::vector<std::unique_ptr<runtime::Event>> launched_;  // completion events not yet awaited

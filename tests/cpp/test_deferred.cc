@@ -123,3 +123,46 @@ TEST(Deferred, StructuralKeysSeparateDifferentGraphs) {
   EXPECT_FALSE(key("negate", 4) == key("negate", 5));
   EXPECT_FALSE(key("negate", 4) == key("exponential", 4));
 }
+
+TEST(Deferred, CaptureKeepsOneProgramThatReplaysOnOtherBuffers) {
+  auto& g = executor::device_graph(runtime_for_tests(), 0);
+  executor::Storage a = with({1, 2, 3, 4});
+  executor::Storage b = with({10, 20, 30, 40});
+  executor::Storage c, d;
+  g.begin_capture();
+  g.record(binary("add", &a, &b, &c), executor::RecordMode::Run);  // no cuts, no runs while capturing
+  g.record(binary("multiply", &c, &a, &d), executor::RecordMode::Run);
+  EXPECT_TRUE(c.is_pending() && d.is_pending());
+  g.forget(&c);  // an intermediate freed before the end: not an output
+  auto cap = g.end_capture();
+  ASSERT_TRUE(cap->broken.empty()) << cap->broken;
+  ASSERT_TRUE(cap->exe);
+  EXPECT_EQ(read(d), (std::vector<float>{11, 44, 99, 176}));  // the capture ran as the first call
+  ASSERT_EQ(cap->param_storage.size(), 2u);
+  EXPECT_EQ(cap->param_storage[0], &a);
+  EXPECT_EQ(cap->param_storage[1], &b);
+  ASSERT_EQ(cap->out_storage.size(), 1u);
+  EXPECT_EQ(cap->out_storage[0], &d);
+  EXPECT_EQ(cap->ops->size(), 2u);
+
+  int64_t compiles = executor::metrics().compiles;
+  auto outs = g.replay(*cap, {upload({2, 2, 2, 2}), upload({1, 1, 1, 1})});
+  ASSERT_EQ(outs.size(), 1u);
+  executor::Storage e;
+  e.buffer = outs[0];
+  EXPECT_EQ(read(e), (std::vector<float>{6, 6, 6, 6}));  // (2 + 1) * 2
+  EXPECT_EQ(executor::metrics().compiles, compiles);
+}
+
+TEST(Deferred, AHostReadInsideACaptureBreaksItButStillComputes) {
+  auto& g = executor::device_graph(runtime_for_tests(), 0);
+  executor::Storage a = with({1, 2, 3, 4});
+  executor::Storage b, c;
+  g.begin_capture();
+  g.record(binary("add", &a, &a, &b), executor::RecordMode::Defer);
+  g.materialize(&b);  // a host read: the recording is cut here
+  g.record(binary("add", &b, &a, &c), executor::RecordMode::Defer);
+  auto cap = g.end_capture();
+  EXPECT_NE(cap->broken.find("host"), std::string::npos) << cap->broken;
+  EXPECT_EQ(read(c), (std::vector<float>{3, 6, 9, 12}));
+}
