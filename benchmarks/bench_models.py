@@ -154,6 +154,38 @@ def pjrt_ms(make: Make, mode: str, warmup: int, steps: int) -> tuple[float, int,
     return ms, m["compiles"], fallbacks
 
 
+def gpt_parts_ms(backend: str, device: str, steps: int) -> dict[str, float]:
+    """The GPT step's compiled forward, backward and (capturable) AdamW update, each
+    timed alone between syncs: where a compiled step spends its time."""
+    torch._dynamo.reset()
+    vocab, seq = 256, 64
+    torch.manual_seed(0)
+    model = TinyTransformer(vocab=vocab, dim=128, heads=4, layers=4, seq=seq).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, capturable=device != "cpu")
+    x, y = (t.to(device) for t in synthetic_tokens(8, seq, vocab))
+    forward = torch.compile(lambda: F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)),
+                            backend=backend, dynamic=False)
+    update = torch.compile(opt.step, backend=backend, dynamic=False)
+    times: dict[str, list[float]] = {"forward": [], "backward": [], "optimizer": []}
+    for i in range(steps + 5):
+        opt.zero_grad(set_to_none=True)
+        sync(device)
+        t0 = time.perf_counter()
+        loss = forward()
+        sync(device)
+        t1 = time.perf_counter()
+        loss.backward()
+        sync(device)
+        t2 = time.perf_counter()
+        update()
+        sync(device)
+        t3 = time.perf_counter()
+        if i >= 5:
+            for k, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+                times[k].append(dt)
+    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+
+
 def first_step_ms(row: str, mode: str) -> None:
     """Child process: the time of the very first step (Dynamo tracing, lowering, XLA or inductor compile)."""
     make = next(make for name, make in ROWS if name == row)
@@ -194,6 +226,7 @@ def main() -> None:
     parser.add_argument("--baseline-device", default="cpu",
                         help="device of the PyTorch eager and inductor columns (cuda on a GPU machine)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold/warm first-step table")
+    parser.add_argument("--no-parts", action="store_true", help="skip the GPT forward/backward/optimizer split")
     parser.add_argument("--first-step", default="", help=argparse.SUPPRESS)  # child process of cold_and_warm
     parser.add_argument("--mode", default="compiled", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -228,6 +261,12 @@ def main() -> None:
             continue
         print(f"  {name:<32}{strict_ms:>9.1f}{fused_ms:>9.1f}{compiled_ms:>9.1f}{cpu_ms:>9.1f}{inductor_ms:>9.1f}"
               f"{compiled_ms / inductor_ms:>19.2f}{f'{compiles} / {compiled_compiles}':>17}   {fb}")
+    if not (args.no_parts or args.no_compile) and any(n.startswith("GPT 4x128, sdpa, f32") for n, _ in rows):
+        pjrt_parts = gpt_parts_ms("pjrt", "pjrt", args.steps)
+        base_parts = gpt_parts_ms("inductor", base, args.steps)
+        print("GPT 4x128 sdpa f32, compiled step split (ms, each part timed alone between syncs; "
+              "AdamW capturable on pjrt): " + "   ".join(
+                  f"{k} pjrt {pjrt_parts[k]:.1f} / inductor {base_parts[k]:.1f}" for k in pjrt_parts))
     if args.no_cold or args.no_compile or base != "cpu":
         return
     print("first step (s), a fresh process: cold = empty compile caches, warm = a second process "
