@@ -387,3 +387,37 @@ def test_windows_of_a_storage_read_and_written_inside_a_program(dev):
             assert_close(got, exp, rtol=1e-6, atol=1e-6)
         assert_close(base, base_cpu)
     assert stats()["eager_graphs"] == [] and stats()["programs"] == 1
+
+
+def test_inputs_that_share_a_storage(dev):
+    """Inputs that are views of one storage: one parameter, and a write through one
+    input is seen by the other as in eager."""
+    def f(a, b):
+        a.mul_(2)
+        return a + b
+
+    fc = compile_pjrt(f)
+    for _ in range(2):
+        base_cpu = torch.arange(8.0)
+        base = base_cpu.to(dev)
+        want = f(base_cpu[:4], base_cpu[2:6])  # overlapping: b sees a's write to its first two elements
+        assert_close(fc(base[:4], base[2:6]), want)
+        assert_close(base, base_cpu)
+    g = compile_pjrt(lambda x, y: (x * 2).add_(y))
+    s_cpu = torch.arange(6.0)
+    s = s_cpu.to(dev)
+    assert_close(g(s[:3], s[3:]), s_cpu[:3] * 2 + s_cpu[3:])
+    assert_close(g(s[:3], s[:3]), s_cpu[:3] * 3)  # the same view twice
+
+
+def test_out_of_range_index_inside_a_program_raises_at_the_sync(dev):
+    emb = torch.nn.Embedding(10, 4).to(dev)
+    fc = compile_pjrt(lambda ids: emb(ids).sum())
+    fc(torch.tensor([1, 2], device=dev))
+    torch_pjrt.synchronize()
+    before = emb.weight.detach().cpu().clone()
+    out = fc(torch.tensor([1, 12], device=dev))  # 12 is out of range
+    with pytest.raises(IndexError, match="out of (range|bounds)"):
+        torch_pjrt.synchronize()
+    assert torch.equal(emb.weight.detach().cpu(), before)  # nothing the caller had was lost
+    del out
