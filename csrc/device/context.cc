@@ -595,10 +595,9 @@ int64_t position(const std::vector<int64_t>& v, int64_t x) {
 }  // namespace
 
 Value OpBuilder::offset_param(int64_t offset) {
-  // A runtime parameter, so views at different offsets share one program. A
-  // captured graph is specialized to its inputs' layout: a constant lets XLA
-  // turn the dynamic slice into a static one.
-  if (t_capturing) return builder_.constant_int(DType::S64, offset);
+  // A runtime parameter, so views at different offsets share one program (a
+  // captured graph, specialized to its inputs' layout, gets a constant: XLA
+  // then turns the dynamic slice into a static one).
   return scalar_param(DType::S64, &offset);
 }
 
@@ -730,7 +729,37 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
   s.flat = builder_.scatter(flat, element_offsets(dst), v, {}, inserted, inserted, dst.dim(), "");
 }
 
+namespace {
+// A scalar's value as a constant of a captured program (its variant is fixed:
+// a Python number in the FX graph is the same every call). Null when the dtype
+// is not one we fold.
+std::optional<Value> scalar_constant(ir::Builder& b, DType dtype, const void* bytes) {
+  auto load = [&](auto v) {
+    std::memcpy(&v, bytes, sizeof(v));
+    return v;
+  };
+  switch (dtype) {
+    case DType::F32: return b.constant(dtype, load(float{}));
+    case DType::F64: return b.constant(dtype, load(double{}));
+    case DType::BF16: return b.constant(dtype, static_cast<float>(load(c10::BFloat16{})));
+    case DType::F16: return b.constant(dtype, static_cast<float>(load(c10::Half{})));
+    case DType::S64: return b.constant_int(dtype, load(int64_t{}));
+    case DType::S32: return b.constant_int(dtype, load(int32_t{}));
+    case DType::S16: return b.constant_int(dtype, load(int16_t{}));
+    case DType::S8: return b.constant_int(dtype, load(int8_t{}));
+    case DType::U8: return b.constant_int(dtype, load(uint8_t{}));
+    case DType::Pred: return b.constant_int(dtype, load(uint8_t{}) != 0);
+    default: return std::nullopt;
+  }
+}
+}  // namespace
+
 Value OpBuilder::scalar_param(DType dtype, const void* bytes) {
+  // Scalars stay runtime parameters in eager modes (no recompile per value);
+  // a captured graph folds them, so XLA can simplify around them.
+  if (t_capturing) {
+    if (auto c = scalar_constant(builder_, dtype, bytes)) return *c;
+  }
   // The device may not be known yet (a scalar read before any tensor): the
   // buffer is found when the op is recorded.
   PendingScalar p{frag_.params.size(), dtype, 0};
