@@ -55,7 +55,7 @@ _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
 
 from . import compiler, shapes  # noqa: E402
-from .compiler import RecompileError, set_recompile_policy  # noqa: E402
+from .recompiles import RecompileError, set_recompile_policy  # noqa: E402
 
 # torch.compile(backend="pjrt") is found through the torch_dynamo_backends entry
 # point; register it directly too when Dynamo is already loaded (importing

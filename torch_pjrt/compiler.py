@@ -13,10 +13,9 @@ eagerly, op by op, and says why in ``torch_pjrt.metrics()["compiled"]``.
 from __future__ import annotations
 
 import os
-import threading
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,129 +23,7 @@ import torch.fx
 
 from . import _C
 
-# Inputs that are 0-d CPU tensors (lifted scalars) are moved to the device, so
-# their values stay program arguments instead of constants.
-_CPU_SCALAR_LIMIT = 0
-
-
-# The shapes of one call's inputs: a tensor's sizes, or (value,) for an int input.
-Signature = tuple[tuple[int, ...], ...]
-
-
-@dataclass
-class RecompilePolicy:
-    """The compilation-storm guard: past `limit` distinct input shapes for one compiled
-    function, warn once (naming the varying dims and a bucket list) or raise."""
-
-    limit: int = 4
-    action: str = "warn"  # "warn" or "error"
-
-
-def _policy_from_env() -> RecompilePolicy:
-    action = os.environ.get("TORCH_PJRT_RECOMPILE", "warn").strip().lower() or "warn"
-    if action not in ("warn", "error"):
-        raise ValueError(f"torch_pjrt: TORCH_PJRT_RECOMPILE must be warn or error, got {action!r}")
-    limit = os.environ.get("TORCH_PJRT_RECOMPILE_LIMIT", "4").strip() or "4"
-    if not limit.isdigit() or int(limit) < 1:
-        raise ValueError(f"torch_pjrt: TORCH_PJRT_RECOMPILE_LIMIT must be a positive integer, got {limit!r}")
-    return RecompilePolicy(int(limit), action)
-
-
-_policy = _policy_from_env()
-
-
-def set_recompile_policy(limit: int | None = None, action: str | None = None) -> RecompilePolicy:
-    """Sets the storm guard (limit of distinct shapes per function, "warn" or "error");
-    returns the previous policy."""
-    global _policy
-    previous = _policy
-    new = RecompilePolicy(previous.limit if limit is None else limit, previous.action if action is None else action)
-    if new.action not in ("warn", "error") or new.limit < 1:
-        raise ValueError(f"torch_pjrt: bad recompile policy {new}")
-    _policy = new
-    return previous
-
-
-class RecompileError(RuntimeError):
-    """A compiled function met more distinct input shapes than TORCH_PJRT_RECOMPILE_LIMIT allows."""
-
-
-def suggest_buckets(values: Sequence[int]) -> list[int]:
-    """Powers of two covering the observed sizes: one program per bucket instead of per size."""
-    return sorted({1 << max(int(v) - 1, 0).bit_length() for v in values})
-
-
-def _varying_dims(signatures: Sequence[Signature]) -> list[tuple[int, int, list[int]]]:
-    """(input, dim, the values it took) for every dim that differs across the signatures."""
-    first = signatures[0]
-    out = []
-    for i, shape in enumerate(first):
-        if any(len(sig) != len(first) or len(sig[i]) != len(shape) for sig in signatures):
-            continue
-        for d in range(len(shape)):
-            values = sorted({sig[i][d] for sig in signatures})
-            if len(values) > 1:
-                out.append((i, d, values))
-    return out
-
-
-def _guard_storm(name: str, stats: FunctionStats, kind: str, signature: Signature) -> None:
-    seen = stats.program_shapes.setdefault(kind, [])
-    if signature in seen:
-        return
-    seen.append(signature)
-    if len(seen) <= _policy.limit or (stats.storm and _policy.action == "warn"):
-        return
-    varying = _varying_dims(seen)
-    where = "; ".join(f"input {i} dim {d} takes {v}, e.g. buckets {suggest_buckets(v)}" for i, d, v in varying)
-    stats.storm = (f"{name}: {len(seen)} distinct input shapes for its {kind} graph (limit {_policy.limit}), each "
-                   f"a new program. {where or 'the inputs change rank'}. Pad to buckets "
-                   f"(torch_pjrt.shapes.pad_to_bucket) or raise TORCH_PJRT_RECOMPILE_LIMIT.")
-    if _policy.action == "error":
-        raise RecompileError("torch_pjrt: " + stats.storm)
-    warnings.warn("torch_pjrt: " + stats.storm, stacklevel=4)
-
-
-@dataclass
-class FunctionStats:
-    """What happened to one compiled function (a Dynamo frame)."""
-
-    name: str = ""
-    dynamo_graphs: int = 0  # graphs Dynamo handed to the backend (first compile + recompiles)
-    shapes: list[list[tuple[int, ...]]] = field(default_factory=list)  # input shapes of each
-    programs: int = 0  # captured programs (forward, backward, inference; per input layout)
-    calls: int = 0  # program runs, first calls included
-    eager_graphs: list[str] = field(default_factory=list)  # why a graph runs op by op
-    # Distinct input shapes each kind of graph was captured for (what the storm guard counts).
-    program_shapes: dict[str, list[Signature]] = field(default_factory=dict)
-    storm: str = ""  # the storm guard's finding, once
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"dynamo_graphs": self.dynamo_graphs, "recompiles": max(self.dynamo_graphs - 1, 0),
-                "shapes": self.shapes, "programs": self.programs, "calls": self.calls,
-                "eager_graphs": list(self.eager_graphs),
-                "program_shapes": {k: [list(sig) for sig in v] for k, v in self.program_shapes.items()},
-                "storm": self.storm}
-
-
-_stats: dict[str, FunctionStats] = {}
-_stats_lock = threading.Lock()
-
-
-def compiled_stats() -> dict[str, dict[str, Any]]:
-    with _stats_lock:
-        return {name: s.as_dict() for name, s in _stats.items()}
-
-
-def reset_compiled_stats() -> None:
-    with _stats_lock:
-        _stats.clear()
-
-
-def _stats_for(name: str) -> FunctionStats:
-    with _stats_lock:
-        return _stats.setdefault(name, FunctionStats(name))
-
+from .recompiles import FunctionStats, Signature, guard_storm, stats_for
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -251,7 +128,7 @@ class PjrtGraph:
                     result = result[0]
                 mutated = [positions[j] for j in variant.graph.mutated_inputs]
             else:
-                _guard_storm(self.stats.name, self.stats, self.kind, _signature(inputs))
+                guard_storm(self.stats, self.kind, _signature(inputs))
                 result, graph = self._capture(inputs, tensors, device, key)
                 mutated = [positions[j] for j in graph.mutated_inputs] if graph is not None else list(host)
         _copy_back(host, inputs, mutated)
@@ -293,10 +170,6 @@ class PjrtGraph:
 _DEVICE = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
 
 
-def _device_name() -> str:
-    return _DEVICE
-
-
 def _device_of(inputs: Sequence[Any]) -> int:
     for t in inputs:
         if isinstance(t, torch.Tensor) and t.device.type == _DEVICE:
@@ -311,10 +184,10 @@ def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
         if not isinstance(t, torch.Tensor):
             return f"input {i} is a {type(t).__name__}, not a tensor or an int"
         if t.device.type == "cpu":
-            if t.dim() > _CPU_SCALAR_LIMIT:
+            if t.dim() > 0:  # 0-d CPU inputs are moved to the device (their values stay arguments)
                 return f"input {i} is a CPU tensor of shape {tuple(t.shape)}"
         elif t.device.type != _DEVICE or (t.device.index or 0) != device:
-            return f"input {i} is on {t.device}, the graph runs on {_device_name()}:{device}"
+            return f"input {i} is on {t.device}, the graph runs on {_DEVICE}:{device}"
         if t.is_sparse or t.layout != torch.strided:
             return f"input {i} has layout {t.layout}"
     return ""
@@ -437,7 +310,7 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options:
 
     if options:
         raise TypeError(f"torch_pjrt: backend 'pjrt' takes no options, got {sorted(options)}")
-    stats = _stats_for(_frame_name(gm))
+    stats = stats_for(_frame_name(gm))
     stats.dynamo_graphs += 1
     stats.shapes.append([_dims(t) for t in example_inputs])
     backend = aot_autograd(

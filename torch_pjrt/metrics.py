@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C, compiler
+from . import _C, recompiles
 
 
 def metrics() -> dict[str, Any]:
     m = dict(_C._metrics())
-    m["compiled"] = compiler.compiled_stats()  # per torch.compile'd function
+    m["compiled"] = recompiles.compiled_stats()  # per torch.compile'd function
     return m
 
 
 def reset_metrics() -> None:
     _C._reset_metrics()
-    compiler.reset_compiled_stats()
+    recompiles.reset_compiled_stats()
 
 
 def _per_graph(m: dict[str, Any]) -> str:
