@@ -75,7 +75,7 @@ class PjrtGraph:
         self.is_part = is_part
         self.single_output = _returns_single(gm)  # a part may return one tensor, AOT graphs a tuple
         self.stats = stats
-        self.variants: dict[int, _Variant | str] = {}  # str: why this layout runs eagerly
+        self.variants: dict[int, _Variant | _Partitioned | str] = {}  # str: why this layout runs eagerly
         self.constants = [t for t in _held_tensors(gm) if t.device.type == _DEVICE]
 
     def __call__(self, *call_args: Any) -> Any:
@@ -96,7 +96,13 @@ class PjrtGraph:
                 self.stats.calls += 1
                 result = _assemble(out, variant.constants)
                 return result[0] if self.single_output else result
+        elif variant is not None:  # this layout runs eagerly, whole or partitioned
+            return self._run_eagerly(variant, inputs)
         return self._call_slowly(inputs)
+
+    def _run_eagerly(self, variant: str | _Partitioned, inputs: list[Any]) -> Any:
+        self._note_eager(variant if isinstance(variant, str) else variant.why)
+        return (self.gm if isinstance(variant, str) else variant.gm)(*inputs)
 
     def _call_slowly(self, inputs: list[Any]) -> Any:
         device = _device_of(inputs)
@@ -116,8 +122,7 @@ class PjrtGraph:
         key = hash((_C._layout_key(tensors), ints)) if ints else _C._layout_key(tensors)
         variant = self.variants.get(key)
         if isinstance(variant, (str, _Partitioned)):
-            self._note_eager(variant if isinstance(variant, str) else variant.why)
-            result = (self.gm if isinstance(variant, str) else variant.gm)(*inputs)
+            result = self._run_eagerly(variant, inputs)
             mutated: Sequence[int] = list(host)
         else:
             out = variant.graph.run(tensors) if variant is not None else None
@@ -253,7 +258,6 @@ class _PartModule(torch.nn.Module):
         self.graph = graph
 
     def forward(self, *args: Any) -> Any:
-        out = self.graph(*args)
         return self.graph(*args)
 
 
@@ -268,7 +272,7 @@ def _partition(gm: torch.fx.GraphModule, unsupported: set[str], kind: str,
                 isinstance(node.target, torch._ops.OpOverload) and _base_name(node.target) in unsupported)
 
     try:
-        copy = torch.fx.GraphModule(gm, copy_graph(gm.graph))
+        copy = torch.fx.GraphModule(gm, _copy_graph(gm.graph))
         parts = CapabilityBasedPartitioner(copy, Support(), allows_single_node_partition=True).partition_and_fuse()
     except Exception:  # noqa: BLE001 - a graph the partitioner cannot split runs eagerly whole
         return None
@@ -281,7 +285,7 @@ def _partition(gm: torch.fx.GraphModule, unsupported: set[str], kind: str,
     return (parts, count) if count else None
 
 
-def copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
+def _copy_graph(graph: torch.fx.Graph) -> torch.fx.Graph:
     new = torch.fx.Graph()
     out = new.graph_copy(graph, {})
     new.output(out)
