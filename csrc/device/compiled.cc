@@ -1,6 +1,7 @@
 #include "device/compiled.h"
 
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torch_pjrt::device {
 
@@ -25,23 +26,13 @@ void retype_contents(executor::DeviceGraph& graph, executor::Storage* s, const i
   graph.record(std::move(f), executor::RecordMode::Run);
 }
 
-[[noreturn]] void rethrow_graph_error(const executor::GraphError& e) {
-  std::string ops = e.ops().empty() ? "a compiled graph"
-                                    : "a compiled graph of " + std::to_string(e.ops().size()) +
-                                          " ops (" + executor::describe_ops(e.ops()) + ")";
-  if (e.code() == runtime::ErrorCode::kResourceExhausted) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", ops, ": ", e.what());
-  }
-  TORCH_CHECK(false, "pjrt: ", ops, " failed: ", e.what());
-}
-
-// The storage's contents as a tensor of `g`'s geometry (no dispatch).
-at::Tensor view_of(const c10::Storage& storage, int device, const std::vector<int64_t>& sizes,
+// A tensor over `storage` with this geometry: metadata only, no dispatch.
+at::Tensor view_of(const c10::Storage& storage, const std::vector<int64_t>& sizes,
                    const std::vector<int64_t>& strides, int64_t offset, at::ScalarType dtype) {
-  at::Tensor t = at::empty({0}, at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device));
-  auto* impl = t.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(storage);
-  impl->set_sizes_and_strides(sizes, strides, offset);
+  at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(storage),
+                                                          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                          c10::scalarTypeToTypeMeta(dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, strides, offset);
   return t;
 }
 }  // namespace
@@ -52,7 +43,7 @@ void begin_capture(int device) {
   try {
     graph_of(device).begin_capture();
   } catch (const executor::GraphError& e) {
-    rethrow_graph_error(e);
+    rethrow(e);
   }
   set_capturing(true);
 }
@@ -62,13 +53,13 @@ void abort_capture(int device) {
   try {
     graph_of(device).abort_capture();
   } catch (const executor::GraphError& e) {
-    rethrow_graph_error(e);
+    rethrow(e);
   }
 }
 
 uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
   // A program carries the matmul precision it was captured with.
-  uint64_t h = mix(0x7043, static_cast<uint64_t>(at::globalContext().float32MatmulPrecision()));
+  uint64_t h = mix(0x7043, static_cast<uint64_t>(ir::dot_precision()));
   std::unordered_map<const void*, int> first_of;
   int device = -1;
   for (size_t j = 0; j < inputs.size(); ++j) {
@@ -96,7 +87,7 @@ std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vect
   try {
     cap = graph_of(device).end_capture();
   } catch (const executor::GraphError& e) {
-    rethrow_graph_error(e);
+    rethrow(e);
   }
   if (!cap->broken.empty()) {
     *why = cap->broken;
@@ -114,11 +105,10 @@ std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vect
     input_of.emplace(st, static_cast<int>(j));
   }
   g->generator_ = default_generator(device);
-  std::unordered_map<const executor::Storage*, bool> fixed;
-  fixed.emplace(&rng_storage(g->generator_), true);
+  std::unordered_set<const executor::Storage*> fixed{&rng_storage(g->generator_)};
   for (const auto& c : constants) {
     if (StorageState* st = state_of(c)) {
-      fixed.emplace(st, true);
+      fixed.insert(st);
       g->constants_.push_back(c);
     }
   }
@@ -231,13 +221,13 @@ std::optional<std::vector<std::optional<at::Tensor>>> CompiledGraph::run(const s
       args.push_back(std::move(buffer));
     }
   } catch (const executor::GraphError& e) {
-    rethrow_graph_error(e);
+    rethrow(e);
   }
   std::vector<std::shared_ptr<runtime::Buffer>> outs;
   try {
     outs = graph.replay(cap, args);
   } catch (const executor::GraphError& e) {
-    rethrow_graph_error(e);
+    rethrow(e);
   }
   args.clear();
   std::vector<c10::Storage> fresh;
@@ -263,15 +253,15 @@ std::optional<std::vector<std::optional<at::Tensor>>> CompiledGraph::run(const s
       case OutKind::None: result.emplace_back(std::nullopt); break;
       case OutKind::SameInput: result.emplace_back(inputs[o.index]); break;
       case OutKind::InputView:
-        result.emplace_back(view_of(inputs[o.index].storage(), device_, g.sizes, g.strides, g.offset, g.dtype));
+        result.emplace_back(view_of(inputs[o.index].storage(), g.sizes, g.strides, g.offset, g.dtype));
         break;
       case OutKind::FreshView:
-        result.emplace_back(view_of(fresh[o.index], device_, g.sizes, g.strides, g.offset, g.dtype));
+        result.emplace_back(view_of(fresh[o.index], g.sizes, g.strides, g.offset, g.dtype));
         break;
       case OutKind::Empty: {
         at::Tensor t = at::empty({static_cast<int64_t>(o.nbytes)},
                                  at::TensorOptions().dtype(at::kByte).device(c10::DeviceType::PrivateUse1, device_));
-        result.emplace_back(view_of(t.storage(), device_, g.sizes, g.strides, g.offset, g.dtype));
+        result.emplace_back(view_of(t.storage(), g.sizes, g.strides, g.offset, g.dtype));
         break;
       }
     }

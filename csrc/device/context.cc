@@ -68,9 +68,11 @@ std::unique_ptr<executor::Runtime>& runtime_slot() {
 }
 std::atomic<int> g_mode{static_cast<int>(EagerMode::Strict)};
 std::atomic<FrameCapture> g_frame_capture{nullptr};
+}  // namespace
 
 // Rethrows a PJRT error as the matching Python exception, naming the op.
-[[noreturn]] void rethrow(const runtime::PjrtError& e, const std::string& op) {
+// (Beside the GraphError overload, so that one name lookup finds both.)
+[[noreturn]] static void rethrow(const runtime::PjrtError& e, const std::string& op) {
   if (e.code() == runtime::ErrorCode::kResourceExhausted) {
     TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", op, ": ", e.what());
   }
@@ -95,6 +97,7 @@ std::atomic<FrameCapture> g_frame_capture{nullptr};
   TORCH_CHECK(false, "pjrt: ", ops, " failed: ", e.what(), ". Its writes were not applied.");
 }
 
+namespace {
 std::string producer_name(const executor::ProgramOps& ops) {
   if (!ops || ops->empty()) return "device computation";
   if (ops->size() == 1) return executor::describe_op((*ops)[0]);
@@ -469,13 +472,15 @@ executor::Storage& rng_storage(const at::Generator& gen) { return at::check_gene
 
 // ---------------------------------------------------------------- OpBuilder
 
-OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {
-  // torch.set_float32_matmul_precision, read per op (it has no change hook).
+ir::DotPrecision torch_matmul_precision() {
   switch (at::globalContext().float32MatmulPrecision()) {
-    case at::Float32MatmulPrecision::HIGHEST: ir::set_dot_precision(ir::DotPrecision::Highest); break;
-    case at::Float32MatmulPrecision::HIGH: ir::set_dot_precision(ir::DotPrecision::High); break;
-    case at::Float32MatmulPrecision::MEDIUM: ir::set_dot_precision(ir::DotPrecision::Default); break;
+    case at::Float32MatmulPrecision::HIGH: return ir::DotPrecision::High;
+    case at::Float32MatmulPrecision::MEDIUM: return ir::DotPrecision::Default;
+    default: return ir::DotPrecision::Highest;
   }
+}
+
+OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(frag_.graph) {
   frag_.graph.reserve(6);  // a typical op's nodes (small enough for malloc's fast path)
 }
 

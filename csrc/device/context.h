@@ -59,7 +59,7 @@ EagerMode parse_eager_mode(const std::string& name);  // throws on an unknown na
 const char* eager_mode_name(EagerMode mode);
 
 // torch.compile: while this thread captures a graph (see compiled.h), its ops
-// are recorded, never run, and view offsets are constants of the program.
+// are recorded, never run, and scalars and view offsets are constants of the program.
 bool capturing();
 void set_capturing(bool on);
 
@@ -75,6 +75,13 @@ void assign(StorageState* st, std::shared_ptr<runtime::Buffer> buffer, std::vect
 // Uploads dense host data to a new (memory-counted) device buffer.
 std::shared_ptr<runtime::Buffer> upload(const void* data, ir::DType dtype, const std::vector<int64_t>& dims,
                                         int device, const char* what);
+
+// torch.set_float32_matmul_precision as the programs' dot precision (the IR's
+// precision source, set at registration).
+ir::DotPrecision torch_matmul_precision();
+// Raises a failed program's error as the matching Python exception, naming its
+// ops and the lines that recorded them.
+[[noreturn]] void rethrow(const executor::GraphError& e);
 
 // Where the user's Python code recorded the current op (fused mode's error
 // messages); set by the Python module. Returns an interned string or null.

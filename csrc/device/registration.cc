@@ -105,6 +105,7 @@ void register_hooks() {
   static bool done = [] {
     at::RegisterPrivateUse1HooksInterface(&hooks);
     c10::SetAllocator(c10::DeviceType::PrivateUse1, allocator());
+    ir::set_dot_precision_source(&torch_matmul_precision);
     return true;
   }();
   (void)done;

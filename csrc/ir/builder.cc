@@ -275,7 +275,7 @@ Value Builder::clamp(Value lo, Value v, Value hi) {
 }
 
 namespace {
-std::atomic<int> g_dot_precision{static_cast<int>(DotPrecision::Highest)};
+std::atomic<DotPrecisionSource> g_dot_precision_source{nullptr};
 
 std::string precision_attr() {
   const char* p = "HIGHEST";
@@ -288,8 +288,11 @@ std::string precision_attr() {
 }
 }  // namespace
 
-void set_dot_precision(DotPrecision p) { g_dot_precision.store(static_cast<int>(p), std::memory_order_relaxed); }
-DotPrecision dot_precision() { return static_cast<DotPrecision>(g_dot_precision.load(std::memory_order_relaxed)); }
+void set_dot_precision_source(DotPrecisionSource source) { g_dot_precision_source = source; }
+DotPrecision dot_precision() {
+  DotPrecisionSource source = g_dot_precision_source.load(std::memory_order_relaxed);
+  return source ? source() : DotPrecision::Highest;
+}
 
 Value Builder::dot_general(Value a, Value b, const std::vector<int64_t>& lb,
                            const std::vector<int64_t>& rb, const std::vector<int64_t>& lc,

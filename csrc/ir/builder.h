@@ -13,10 +13,12 @@ std::string i64_array(const std::vector<int64_t>& v);  // array<i64: 1, 2>
 std::string int_list(const std::vector<int64_t>& v);   // [1, 2]
 
 // The precision of dots and convolutions (torch.set_float32_matmul_precision:
-// highest, high, medium), written into every program's precision_config.
-// Process-wide; read when an op is lowered.
+// highest, high, medium), written into every program's precision_config. The
+// device layer names where to read it; it is read only when a dot or a
+// convolution is built (default: Highest).
 enum class DotPrecision { Default, High, Highest };
-void set_dot_precision(DotPrecision p);
+using DotPrecisionSource = DotPrecision (*)();
+void set_dot_precision_source(DotPrecisionSource source);
 DotPrecision dot_precision();
 
 class Builder {
