@@ -191,7 +191,7 @@ def first_step_ms(row: str, mode: str) -> None:
     make = next(make for name, make in ROWS if name == row)
     device = "cpu" if mode == "inductor" else "pjrt"
     backend = {"compiled": "pjrt", "inductor": "inductor"}.get(mode)
-    with torch_pjrt.eager_mode("fused" if mode == "compiled" else mode if mode in ("strict", "fused") else "strict"):
+    with torch_pjrt.eager_mode("fused" if mode == "compiled" else "strict"):  # modes: compiled, inductor
         start = time.perf_counter()
         step = make(device, backend=backend)
         step()

@@ -183,8 +183,6 @@ std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vect
   return g;
 }
 
-size_t CompiledGraph::num_ops() const { return capture_->ops ? capture_->ops->size() : 0; }
-
 std::vector<int> CompiledGraph::mutated_inputs() const {
   std::vector<int> out;
   for (const Binding& b : results_) {

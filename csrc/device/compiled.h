@@ -42,7 +42,6 @@ class CompiledGraph {
   // given the captured type by a small program.
   std::optional<std::vector<std::optional<at::Tensor>>> run(const std::vector<at::Tensor>& inputs);
 
-  size_t num_ops() const;
   // Inputs whose storage the program writes (in-place ops on graph inputs).
   std::vector<int> mutated_inputs() const;
 

@@ -260,7 +260,6 @@ PYBIND11_MODULE(_C, mod) {
   // program, then replay it.
   py::class_<device::CompiledGraph, std::shared_ptr<device::CompiledGraph>>(mod, "_CompiledGraph")
       .def("run", &device::CompiledGraph::run)
-      .def_property_readonly("num_ops", &device::CompiledGraph::num_ops)
       .def_property_readonly("mutated_inputs", &device::CompiledGraph::mutated_inputs);
   mod.def("_capture_begin", &device::begin_capture);
   mod.def("_capture_abort", &device::abort_capture);
