@@ -52,6 +52,7 @@ def _frame_name(gm: torch.fx.GraphModule) -> str:
 class _Variant:
     graph: Any  # _C._CompiledGraph
     constants: list[Any]  # non-tensor outputs by position (None where the graph returns a tensor)
+    positions: list[int] | None  # the tensors among the inputs; None: every input is one
 
 
 @dataclass
@@ -84,14 +85,12 @@ class PjrtGraph:
             call_args[0].clear()  # boxed: the caller's references go, inputs can be freed early
         else:
             inputs = list(call_args)
-        # The hot path: dense pjrt tensors of one device, a layout seen before.
-        try:
-            key = _C._layout_key(inputs)  # 0: not all dense pjrt tensors of one device
-        except TypeError:  # a non-tensor input
-            key = 0
+        # The hot path: dense pjrt tensors of one device (and a dynamic graph's
+        # sizes), a layout seen before.
+        key = _C._layout_key(inputs)  # 0: not replayable as they are
         variant = self.variants.get(key) if key else None
         if type(variant) is _Variant:
-            out = variant.graph.run(inputs)
+            out = variant.graph.run(inputs if variant.positions is None else [inputs[i] for i in variant.positions])
             if out is not None:
                 self.stats.calls += 1
                 result = _assemble(out, variant.constants)
@@ -118,8 +117,7 @@ class PjrtGraph:
         # Int inputs (sizes of a dynamic-shape graph) specialize the program: part of the key.
         positions = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
         tensors = [inputs[i] for i in positions]
-        ints = tuple(t for t in inputs if not isinstance(t, torch.Tensor))
-        key = hash((_C._layout_key(tensors), ints)) if ints else _C._layout_key(tensors)
+        key = _C._layout_key(inputs)
         variant = self.variants.get(key)
         if isinstance(variant, (str, _Partitioned)):
             result = self._run_eagerly(variant, inputs)
@@ -134,12 +132,13 @@ class PjrtGraph:
                 mutated = [positions[j] for j in variant.graph.mutated_inputs]
             else:
                 guard_storm(self.stats, self.kind, _signature(inputs))
-                result, graph = self._capture(inputs, tensors, device, key)
+                result, graph = self._capture(inputs, positions, device, key)
                 mutated = [positions[j] for j in graph.mutated_inputs] if graph is not None else list(host)
         _copy_back(host, inputs, mutated)
         return result
 
-    def _capture(self, inputs: list[Any], tensors: list[torch.Tensor], device: int, key: int) -> tuple[Any, Any]:
+    def _capture(self, inputs: list[Any], positions: list[int], device: int, key: int) -> tuple[Any, Any]:
+        tensors = [inputs[i] for i in positions]
         fallbacks_before = dict(_C._metrics()["fallbacks"])
         _C._capture_begin(device)
         try:
@@ -161,7 +160,8 @@ class PjrtGraph:
                 self.variants[key] = why
             self._note_eager(why)
         else:
-            self.variants[key] = _Variant(graph, [None if isinstance(o, torch.Tensor) else o for o in outs])
+            self.variants[key] = _Variant(graph, [None if isinstance(o, torch.Tensor) else o for o in outs],
+                                          None if len(positions) == len(inputs) else positions)
             self.stats.programs += 1
             self.stats.calls += 1
         return result, graph

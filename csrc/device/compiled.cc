@@ -57,9 +57,11 @@ void abort_capture(int device) {
   }
 }
 
-uint64_t layout_key(const std::vector<at::Tensor>& inputs) {
+uint64_t layout_key(const std::vector<at::Tensor>& inputs, const std::vector<int64_t>& ints) {
   // A program carries the matmul precision it was captured with.
   uint64_t h = mix(0x7043, static_cast<uint64_t>(ir::dot_precision()));
+  h = mix(h, ints.size());
+  for (int64_t v : ints) h = mix(h, static_cast<uint64_t>(v));
   std::unordered_map<const void*, int> first_of;
   int device = -1;
   for (size_t j = 0; j < inputs.size(); ++j) {

@@ -20,10 +20,11 @@ void begin_capture(int device);
 void abort_capture(int device);
 
 // A layout key of a call's inputs: dtype, sizes, strides, offset, storage size,
-// and which inputs share a storage. A captured program is
-// valid exactly for inputs of its key. 0 when the inputs are not all dense
-// pjrt tensors of one device (they are not replayed as they are).
-uint64_t layout_key(const std::vector<at::Tensor>& inputs);
+// and which inputs share a storage, plus the int inputs of a dynamic-shape
+// graph (each concrete size is its own program). A captured program is valid
+// exactly for inputs of its key. 0 when the tensors are not all dense pjrt
+// tensors of one device (they are not replayed as they are).
+uint64_t layout_key(const std::vector<at::Tensor>& tensors, const std::vector<int64_t>& ints);
 
 class CompiledGraph {
  public:

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/compiled.h"
@@ -270,5 +271,27 @@ PYBIND11_MODULE(_C, mod) {
     auto g = device::CompiledGraph::finish(device, inputs, outputs, constants, &why);
     return py::make_tuple(g ? py::cast(g) : py::none(), why);
   });
-  mod.def("_layout_key", &device::layout_key);
+  // The hot path of every compiled call: tensors and ints (a dynamic graph's
+  // sizes) in order; anything else keys 0. No overload resolution, whose
+  // failure would format the arguments (printing a tensor reads it).
+  mod.def("_layout_key", [](const py::list& inputs) -> uint64_t {
+    std::vector<at::Tensor> tensors;
+    std::vector<int64_t> ints;
+    tensors.reserve(inputs.size());
+    for (const py::handle item : inputs) {
+      PyObject* obj = item.ptr();
+      if (THPVariable_Check(obj)) {
+        tensors.push_back(THPVariable_Unpack(obj));
+      } else if (PyLong_Check(obj)) {  // bools too
+        int overflow = 0;
+        const long long value = PyLong_AsLongLongAndOverflow(obj, &overflow);
+        if (overflow) return 0;
+        ints.push_back(static_cast<int64_t>(tensors.size()));  // where it sits among the tensors
+        ints.push_back(value);
+      } else {
+        return 0;
+      }
+    }
+    return device::layout_key(tensors, ints);
+  });
 }

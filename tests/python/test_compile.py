@@ -345,6 +345,15 @@ def test_dynamic_shapes_specialize_one_program_per_size(dev):
     s = stats()
     assert s["dynamo_graphs"] == 1, s  # one symbolic Dynamo graph ...
     assert s["programs"] == 2 and s["eager_graphs"] == [], s  # ... specialized per size
+    # Replays of a size seen before bind and run: no host read, no new program.
+    x = torch.randn(5, 4)
+    x_dev = x.to(dev)
+    before = torch_pjrt.metrics()
+    y = fc(x_dev)
+    after = torch_pjrt.metrics()
+    assert after["device_to_host_bytes"] == before["device_to_host_bytes"], "a replay read from the device"
+    assert after["compiled_runs"] == before["compiled_runs"] + 1 and stats()["programs"] == 2
+    assert_close(y, (x * x).sum(0))
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused", "compiled"])
