@@ -54,8 +54,10 @@ from . import _dispatch_fixes, autocast  # noqa: E402
 _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
 
-from . import compiler, shapes  # noqa: E402
+from . import compiler, distributed, shapes  # noqa: E402
 from .recompiles import RecompileError, set_recompile_policy  # noqa: E402
+
+distributed.register()  # dist.init_process_group("pjrt")
 
 # torch.compile(backend="pjrt") is found through the torch_dynamo_backends entry
 # point; register it directly too when Dynamo is already loaded (importing

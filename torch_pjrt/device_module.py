@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -9,6 +11,7 @@ import torch
 from . import _C
 
 _initial_seeds: dict[int, int] = {}
+_NAME = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
 
 
 def _lazy_init() -> None:
@@ -55,6 +58,37 @@ def _index(device: int | str | torch.device | None) -> int:
         return device
     idx = torch.device(device).index
     return current_device() if idx is None else idx
+
+
+# ---- streams and events ------------------------------------------------------
+# The device runs its programs in submission order on one queue, so every stream
+# is that queue: waits between streams are already satisfied, events complete
+# with the work before them, and record_stream has nothing to protect (a buffer
+# lives while a program still reads it). DDP and FSDP2 use these as on CUDA.
+
+def Stream(device: int | str | torch.device | None = None, priority: int = 0, **kwargs: Any) -> torch.Stream:  # noqa: N802
+    return torch.Stream(device=torch.device(_NAME, _index(device)), priority=priority)
+
+
+def Event(enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> torch.Event:  # noqa: N802
+    return torch.Event(device=torch.device(_NAME, current_device()), enable_timing=enable_timing,
+                       blocking=blocking, interprocess=interprocess)
+
+
+def current_stream(device: int | str | torch.device | None = None) -> torch.Stream:
+    return torch.Stream(device=torch.device(_NAME, _index(device)))
+
+
+default_stream = current_stream
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Every stream is the device's one queue: nothing to switch."""
+
+
+@contextlib.contextmanager
+def stream(stream: torch.Stream | None) -> Iterator[None]:
+    yield
 
 
 # ---- RNG ----------------------------------------------------------------------

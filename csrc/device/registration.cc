@@ -283,6 +283,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
+  // One in-order queue per device, and a buffer lives while a program reads it:
+  // nothing to record (DDP and FSDP2 call it on side streams).
+  m.impl("record_stream", [](at::Tensor&, c10::Stream) {});
 }
 
 }  // namespace torch_pjrt::device

@@ -34,6 +34,7 @@ const char* flush_reason_name(FlushReason r) {
     case FlushReason::Size: return "size";
     case FlushReason::ModeChange: return "mode_change";
     case FlushReason::Compile: return "compile";
+    case FlushReason::Collective: return "collective";
     case FlushReason::Count: break;
   }
   return "?";

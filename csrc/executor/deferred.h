@@ -70,7 +70,7 @@ struct Fragment {
   OpRecord record;
 };
 
-enum class FlushReason { Op, Sync, Explicit, OptimizerStep, Loop, Size, ModeChange, Compile, Count };
+enum class FlushReason { Op, Sync, Explicit, OptimizerStep, Loop, Size, ModeChange, Compile, Collective, Count };
 const char* flush_reason_name(FlushReason r);
 
 // Bounds and heuristics of fused mode.

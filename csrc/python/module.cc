@@ -11,6 +11,7 @@
 #include "device/compiled.h"
 #include "device/context.h"
 #include "device/fallback.h"
+#include "distributed/process_group.h"
 
 #include <unordered_map>
 
@@ -274,6 +275,9 @@ PYBIND11_MODULE(_C, mod) {
   // The hot path of every compiled call: tensors and ints (a dynamic graph's
   // sizes) in order; anything else keys 0. No overload resolution, whose
   // failure would format the arguments (printing a tensor reads it).
+  // torch.distributed (torch_pjrt/distributed.py): the c10d backend.
+  torch_pjrt::distributed::add_python_bindings(mod);
+
   mod.def("_layout_key", [](const py::list& inputs) -> uint64_t {
     std::vector<at::Tensor> tensors;
     std::vector<int64_t> ints;

@@ -1,0 +1,578 @@
+"""One rank of a multi-process test (tests/python/test_distributed.py starts
+the ranks; each runs `python dist_workers.py SCENARIO OUT_DIR` with the env://
+variables torchrun sets). A scenario checks pjrt against the same computation
+on CPU in the same process and raises on any difference; the rank writes
+OUT_DIR/rank<N>.json with what it measured or the error."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_pjrt  # noqa: F401  (registers the device and the "pjrt" backend)
+
+DEV = torch.device("pjrt", 0)
+SCENARIOS: dict[str, Callable[[int, int], dict[str, Any]]] = {}
+
+
+def scenario(fn: Callable[[int, int], dict[str, Any]]) -> Callable[[int, int], dict[str, Any]]:
+    SCENARIOS[fn.__name__] = fn
+    return fn
+
+
+def timeout() -> datetime.timedelta:
+    return datetime.timedelta(seconds=float(os.environ.get("DIST_TEST_TIMEOUT", "60")))
+
+
+def exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """pjrt's result against CPU gloo's: the same bytes moved and reduced by the
+    same gloo code, so they must be equal, bit for bit."""
+    assert got.device.type == "pjrt", f"{what}: result on {got.device}"
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def values(shape: tuple[int, ...], dtype: torch.dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, shape, generator=g).bool()
+    if dtype.is_floating_point:
+        return torch.randn(shape, generator=g).to(dtype)
+    hi = 4 if dtype == torch.uint8 else 7  # small: products stay in range
+    return torch.randint(1, hi, shape, generator=g).to(dtype)
+
+
+# ---------------------------------------------------------------- collectives
+@scenario
+def collectives(rank: int, world: int) -> dict[str, Any]:
+    """Each collective on pjrt tensors against the same collective on CPU
+    tensors over gloo, in one mixed "cpu:gloo,pjrt:pjrt" group."""
+    dist.init_process_group("cpu:gloo,pjrt:pjrt", timeout=timeout())
+    checked: list[str] = []
+
+    def both(name: str, shape: tuple[int, ...], dtype: torch.dtype, run: Callable[[torch.Tensor], Any],
+             seed: int = 0, result_on: int | None = None) -> None:
+        x = values(shape, dtype, 100 * seed + rank)
+        want = x.clone()
+        run(want)
+        got = x.to(DEV)
+        run(got)
+        if result_on is None or rank == result_on:  # reduce: other ranks' buffers are unspecified
+            exact(got, want, f"{name} {dtype}")
+        checked.append(f"{name}/{dtype}")
+
+    R = dist.ReduceOp
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                  torch.int8, torch.uint8):
+        for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX):
+            both(f"all_reduce {op}", (5, 3), dtype, lambda t, op=op: dist.all_reduce(t, op=op))
+        both("broadcast", (4,), dtype, lambda t: dist.broadcast(t, src=1))
+        both("reduce", (6,), dtype, lambda t: dist.reduce(t, dst=1, op=R.MAX), result_on=1)
+    for dtype in (torch.int64, torch.int32, torch.uint8, torch.bool):
+        for op in (R.BAND, R.BOR, R.BXOR):
+            if dtype == torch.bool and op == R.BXOR:
+                continue  # gloo has no bool xor
+            both(f"all_reduce {op}", (7,), dtype, lambda t, op=op: dist.all_reduce(t, op=op))
+
+    # AVG and PREMUL_SUM: gloo has neither; the CPU reference is SUM then scale.
+    for dtype in (torch.float32, torch.bfloat16):
+        x = values((3, 4), dtype, rank)
+        got = x.to(DEV)
+        dist.all_reduce(got, op=R.AVG)
+        want = x.clone()
+        dist.all_reduce(want)
+        exact(got, want / world, f"all_reduce AVG {dtype}")
+        got = x.to(DEV)
+        dist.all_reduce(got, op=dist._make_nccl_premul_sum(0.5))
+        want = x * 0.5
+        dist.all_reduce(want)
+        exact(got, want, f"all_reduce PREMUL_SUM {dtype}")
+    checked.append("avg/premul_sum")
+
+    # all_gather: list and into one tensor (concatenated and stacked shapes).
+    for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
+        x = values((2, 3), dtype, rank)
+        outs = [torch.empty_like(x, device=DEV) for _ in range(world)]
+        dist.all_gather(outs, x.to(DEV))
+        ref = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(ref, x)
+        for o, r in zip(outs, ref):
+            exact(o, r, f"all_gather {dtype}")
+        for out_shape in ((2 * world, 3), (world, 2, 3)):
+            out = torch.empty(out_shape, dtype=dtype, device=DEV)
+            dist.all_gather_into_tensor(out, x.to(DEV))
+            exact(out, torch.cat(ref).reshape(out_shape), f"all_gather_into_tensor {out_shape} {dtype}")
+    checked.append("all_gather")
+
+    # reduce_scatter: list and tensor forms, SUM and AVG.
+    for dtype in (torch.float32, torch.int64):
+        chunks = [values((3,), dtype, 10 * rank + j) for j in range(world)]
+        full = [c.clone() for c in chunks]
+        dist.all_reduce(torch.cat(full))  # warm the group; result not used
+        reduced = torch.cat(chunks).clone()
+        dist.all_reduce(reduced)
+        want = reduced.view(world, 3)[rank]
+        out = torch.empty(3, dtype=dtype, device=DEV)
+        dist.reduce_scatter(out, [c.to(DEV) for c in chunks])
+        exact(out, want, f"reduce_scatter {dtype}")
+        out = torch.empty(3, dtype=dtype, device=DEV)
+        dist.reduce_scatter_tensor(out, torch.cat(chunks).to(DEV))
+        exact(out, want, f"reduce_scatter_tensor {dtype}")
+        if dtype.is_floating_point:
+            dist.reduce_scatter_tensor(out, torch.cat(chunks).to(DEV), op=R.AVG)
+            exact(out, want / world, "reduce_scatter_tensor AVG")
+    checked.append("reduce_scatter")
+
+    # all_to_all_single: equal splits and split sizes that differ by rank.
+    x = values((4 * world, 2), torch.float32, rank)
+    got = torch.empty_like(x, device=DEV)
+    dist.all_to_all_single(got, x.to(DEV))
+    want = torch.empty_like(x)
+    dist.all_to_all_single(want, x)
+    exact(got, want, "all_to_all_single")
+    in_splits = [1, 3] if rank == 0 else [2, 2]
+    out_splits = [1, 2] if rank == 0 else [3, 2]
+    x = values((4, 2), torch.float32, rank)
+    got = torch.empty(sum(out_splits), 2, device=DEV)
+    dist.all_to_all_single(got, x.to(DEV), out_splits, in_splits)
+    want = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(want, x, out_splits, in_splits)
+    exact(got, want, "all_to_all_single with split sizes")
+    ins = [values((2, 2), torch.int64, rank * 7 + j) for j in range(world)]
+    outs = [torch.empty((2, 2), dtype=torch.int64, device=DEV) for _ in range(world)]
+    dist.all_to_all(outs, [t.to(DEV) for t in ins])
+    ref = [torch.empty((2, 2), dtype=torch.int64) for _ in range(world)]
+    dist.all_to_all(ref, ins)
+    for o, r in zip(outs, ref):
+        exact(o, r, "all_to_all")
+    checked.append("all_to_all")
+
+    # gather and scatter, root 1 and root 0.
+    x = values((3,), torch.float32, rank)
+    got = [torch.empty(3, device=DEV) for _ in range(world)] if rank == 1 else None
+    dist.gather(x.to(DEV), got, dst=1)
+    want = [torch.empty(3) for _ in range(world)] if rank == 1 else None
+    dist.gather(x, want, dst=1)
+    if rank == 1:
+        for o, r in zip(got, want):
+            exact(o, r, "gather")
+    parts = [values((2, 2), torch.float32, 50 + j) for j in range(world)]
+    got = torch.empty(2, 2, device=DEV)
+    dist.scatter(got, [p.to(DEV) for p in parts] if rank == 0 else None, src=0)
+    exact(got, parts[rank], "scatter")
+    checked.append("gather/scatter")
+
+    # In-place results reach every view of the storage; non-contiguous views work.
+    base = torch.zeros(4, 6, device=DEV)
+    flat_view = base.view(-1)
+    window = base[:, 1:4]
+    dist.all_reduce(window.copy_(torch.full((4, 3), float(rank + 1), device=DEV)))
+    expected = torch.zeros(4, 6)
+    expected[:, 1:4] = sum(range(1, world + 1))
+    exact(base, expected, "all_reduce into a view: the base")
+    exact(flat_view, expected.view(-1), "all_reduce into a view: another view")
+    checked.append("views")
+
+    # async_op: a Work to wait on and a future holding the outputs.
+    x = values((5,), torch.float32, rank)
+    got = x.to(DEV)
+    work = dist.all_reduce(got, async_op=True)
+    work.wait()
+    result = work.get_future().wait()
+    want = x.clone()
+    dist.all_reduce(want)
+    exact(result[0], want, "async all_reduce future value")
+    exact(got, want, "async all_reduce")
+    checked.append("async")
+
+    # Coalesced all_reduce and the functional collectives DTensor uses.
+    import torch.distributed._functional_collectives as funcol
+    a, b = values((3,), torch.float32, rank), values((2, 2), torch.float32, rank + 9)
+    ga, gb = a.to(DEV), b.to(DEV)
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(ga)
+        dist.all_reduce(gb)
+    cm.wait()
+    ra, rb = a.clone(), b.clone()
+    dist.all_reduce(ra)
+    dist.all_reduce(rb)
+    exact(ga, ra, "coalesced all_reduce (a)")
+    exact(gb, rb, "coalesced all_reduce (b)")
+    group = dist.group.WORLD
+    exact(funcol.all_reduce(a.to(DEV), "sum", group), ra, "funcol all_reduce")
+    exact(funcol.all_gather_tensor(a.to(DEV), 0, group), torch.cat(_gathered(a, world)), "funcol all_gather_tensor")
+    rs_in = values((2 * world,), torch.float32, rank)
+    rs_ref = rs_in.clone()
+    dist.all_reduce(rs_ref)
+    exact(funcol.reduce_scatter_tensor(rs_in.to(DEV), "sum", 0, group), rs_ref.view(world, 2)[rank],
+          "funcol reduce_scatter_tensor")
+    exact(funcol.all_to_all_single(rs_in.to(DEV), None, None, group),
+          _all_to_all_cpu(rs_in, world), "funcol all_to_all_single")
+    checked.append("coalesced/functional")
+
+    # Point to point: send/recv, isend/irecv both ways (each rank waits on its
+    # send first), recv from any source, batch_isend_irecv around the ring.
+    peer = 1 - rank
+    x = values((3, 2), torch.float32, rank)
+    got = torch.empty(3, 2, device=DEV)
+    if rank == 0:
+        dist.send(x.to(DEV), dst=1)
+    else:
+        dist.recv(got, src=0)
+        exact(got, values((3, 2), torch.float32, 0), "send/recv")
+    send = dist.isend(x.to(DEV), dst=peer, tag=3)
+    recv = dist.irecv(got, src=peer, tag=3)
+    send.wait()
+    recv.wait()
+    exact(got, values((3, 2), torch.float32, peer), "isend/irecv")
+    if rank == 0:
+        dist.send(x.to(DEV), dst=1, tag=5)
+    else:
+        source = dist.recv(got, tag=5)
+        assert source == 0, source
+        exact(got, values((3, 2), torch.float32, 0), "recv from any source")
+    ops = [dist.P2POp(dist.isend, x.to(DEV), (rank + 1) % world),
+           dist.P2POp(dist.irecv, got, (rank - 1) % world)]
+    for req in dist.batch_isend_irecv(ops):
+        req.wait()
+    exact(got, values((3, 2), torch.float32, (rank - 1) % world), "batch_isend_irecv")
+    checked.append("p2p")
+
+    # A pjrt-only subgroup: object collectives and barrier run on pjrt tensors.
+    pjrt_group = dist.new_group(backend="pjrt")
+    objects: list[Any] = [None] * world
+    dist.all_gather_object(objects, {"rank": rank, "name": f"r{rank}"}, group=pjrt_group)
+    assert objects == [{"rank": r, "name": f"r{r}"} for r in range(world)], objects
+    box = [{"from": rank}] if rank == 0 else [None]
+    dist.broadcast_object_list(box, src=0, group=pjrt_group)
+    assert box == [{"from": 0}], box
+    dist.barrier(group=pjrt_group)
+    y = values((4,), torch.float32, rank)
+    got = y.to(DEV)
+    dist.all_reduce(got, group=pjrt_group)
+    want = y.clone()
+    dist.all_reduce(want)
+    exact(got, want, "pjrt-only group all_reduce")
+    checked.append("pjrt group/objects")
+
+    # A collective inside a compiled graph: the graph runs eagerly (a collective
+    # is a host transfer), with the right result.
+    fn = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", group) + 1, backend="pjrt")
+    exact(fn(a.to(DEV)), ra * 2 + 1, "compiled graph with a collective")
+    checked.append("compiled")
+
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"checked": checked}
+
+
+def _gathered(x: torch.Tensor, world: int) -> list[torch.Tensor]:
+    out = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(out, x)
+    return out
+
+
+def _all_to_all_cpu(x: torch.Tensor, world: int) -> torch.Tensor:
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    return out
+
+
+# ---------------------------------------------------------------- bad input, faults
+def _raises(fn: Callable[[], Any], *needles: str) -> str:
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001  (the message is what is checked)
+        msg = str(e)
+        for n in needles:
+            assert n in msg, f"expected {n!r} in the error, got: {msg}"
+        return msg.splitlines()[0]
+    raise AssertionError(f"no error; expected one mentioning {needles}")
+
+
+@scenario
+def bad_input(rank: int, world: int) -> dict[str, Any]:
+    dist.init_process_group("pjrt", timeout=timeout())
+    msgs = {}
+    n = 4 if rank == 0 else 5
+    msgs["shapes"] = _raises(lambda: dist.all_reduce(torch.ones(n, device=DEV)), "all_reduce", "[4]", "[5]")
+    dtype = torch.float32 if rank == 0 else torch.int64
+    msgs["dtypes"] = _raises(lambda: dist.broadcast(torch.ones(3, dtype=dtype, device=DEV), src=0),
+                             "broadcast", "Float", "Long")
+    msgs["root"] = _raises(lambda: dist.broadcast(torch.ones(3, device=DEV), src=rank), "root")
+    msgs["different ops"] = _raises(
+        lambda: dist.all_reduce(torch.ones(3, device=DEV)) if rank == 0 else dist.broadcast(
+            torch.ones(3, device=DEV), src=0), "different collectives")
+    msgs["bitwise on float"] = _raises(
+        lambda: dist.all_reduce(torch.ones(3, device=DEV), op=dist.ReduceOp.BAND), "BAND", "integer")
+    msgs["cpu tensor"] = _raises(lambda: dist.all_reduce(torch.ones(3)), "cpu")
+    in_splits = [1, 1] if rank == 0 else [2, 2]
+    msgs["splits"] = _raises(
+        lambda: dist.all_to_all_single(torch.empty(2 if rank == 0 else 4, device=DEV),
+                                       torch.ones(sum(in_splits), device=DEV), [1, 1] if rank == 0 else [2, 2],
+                                       in_splits), "rows")
+    # recv into a buffer of the wrong size: an error, not gloo's abort.
+    if rank == 0:
+        dist.send(torch.ones(10, device=DEV), dst=1)
+    else:
+        msgs["recv size"] = _raises(lambda: dist.recv(torch.empty(5, device=DEV), src=0), "sent", "[10]", "[5]")
+    # The group still works after all of that, with data intact.
+    t = torch.full((3,), float(rank), device=DEV)
+    dist.all_reduce(t)
+    exact(t, torch.full((3,), float(sum(range(world)))), "all_reduce after errors")
+    dist.destroy_process_group()
+    return {"messages": msgs}
+
+
+@scenario
+def peer_dies(rank: int, world: int) -> dict[str, Any]:
+    dist.init_process_group("pjrt", timeout=timeout())
+    dist.barrier()
+    if rank == 1:
+        os._exit(0)  # dies without a word
+    start = time.monotonic()
+    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=DEV)), "pjrt all_reduce")
+    return {"seconds": time.monotonic() - start, "message": msg}
+
+
+@scenario
+def peer_hangs(rank: int, world: int) -> dict[str, Any]:
+    dist.init_process_group("pjrt", timeout=timeout())
+    dist.barrier()
+    if rank == 1:
+        time.sleep(3600)  # alive, never answers (the test kills it)
+    start = time.monotonic()
+    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=DEV)), "pjrt all_reduce")
+    return {"seconds": time.monotonic() - start, "message": msg}
+
+
+# ---------------------------------------------------------------- training
+def _mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4))
+
+
+def _batch(seed: int = 1, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 8, generator=g), torch.randn(n, 4, generator=g)
+
+
+STEPS = 4
+LR = 0.05
+
+
+def _reference_params(model_fn: Callable[[], nn.Module], steps: int, dtype: torch.dtype = torch.float64,
+                      batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]] = _batch) -> list[torch.Tensor]:
+    """Single-process training on the full batch on CPU in float64: the oracle."""
+    model = model_fn().to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(steps):
+        x, y = batch_fn(step)
+        opt.zero_grad()
+        F.mse_loss(model(x.to(dtype)), y.to(dtype)).backward()
+        opt.step()
+    return [p.detach().float() for p in model.parameters()]
+
+
+def _close_to_reference(got: list[torch.Tensor], want: list[torch.Tensor], rtol: float, what: str) -> float:
+    worst = 0.0
+    for g, w in zip(got, want):
+        err = ((g.float() - w).abs().max() / w.abs().max().clamp_min(1e-3)).item()
+        worst = max(worst, err)
+    assert worst < rtol, f"{what}: parameters differ from the full-batch reference by {worst:.2e} (limit {rtol:.1e})"
+    return worst
+
+
+# float32 against a float64 reference over a few steps of a tiny model: the
+# error is a few float32 ulps per op; 1e-4 relative leaves room for ~100.
+F32_RTOL = 1e-4
+
+
+def _local_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = _batch(step)
+    n = x.shape[0] // world
+    return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
+
+
+@scenario
+def ddp(rank: int, world: int) -> dict[str, Any]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("pjrt", timeout=timeout())
+    backend = dist.group.WORLD._get_backend(DEV)
+    assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
+    model = DDP(_mlp().to(DEV), bucket_cap_mb=0.001)  # several buckets
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = _local_batch(step, rank, world)
+        opt.zero_grad()
+        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        opt.step()
+    got = [p.detach().cpu() for p in model.module.parameters()]
+    err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP")
+    gathered = [torch.empty_like(got[0], device=DEV) for _ in range(world)]
+    dist.all_gather(gathered, got[0].to(DEV))
+    exact(gathered[0], gathered[1].cpu(), "DDP ranks hold the same parameters")
+    dist.destroy_process_group()
+    return {"max_rel_error": err, "mode": torch_pjrt.eager_mode(), "transport": backend.transport}
+
+
+@scenario
+def fsdp(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+    dist.init_process_group("pjrt", timeout=timeout())
+    results = {}
+    for name, reshard, mp in [("reshard", True, None), ("no reshard", False, None),
+                              ("bf16 params", True, MixedPrecisionPolicy(param_dtype=torch.bfloat16,
+                                                                         reduce_dtype=torch.float32))]:
+        model = _mlp().to(DEV)
+        for layer in model:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp or MixedPrecisionPolicy())
+        fully_shard(model, reshard_after_forward=reshard, mp_policy=mp or MixedPrecisionPolicy())
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        for step in range(STEPS):
+            x, y = _local_batch(step, rank, world)
+            opt.zero_grad()
+            F.mse_loss(model(x.to(DEV)).float(), y.to(DEV)).backward()
+            opt.step()
+        got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.cpu() for p in model.parameters()]
+        # bf16 forward and backward: bf16 keeps 8 bits, so a few steps stay within a few 2^-8.
+        rtol = F32_RTOL if mp is None else 4 * 2 ** -8
+        results[name] = _close_to_reference(got, _reference_params(_mlp, STEPS), rtol, f"FSDP2 {name}")
+    dist.destroy_process_group()
+    return {"max_rel_error": results}
+
+
+class _Attention(nn.Module):
+    def __init__(self, dim: int = 16, heads: int = 4) -> None:
+        super().__init__()
+        self.head_dim = dim // heads
+        self.q, self.k, self.v = nn.Linear(dim, dim), nn.Linear(dim, dim), nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds some of them.
+        q, k, v = (z.view(b, t, -1, self.head_dim).transpose(1, 2) for z in (self.q(x), self.k(x), self.v(x)))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(out.transpose(1, 2).reshape(b, t, -1))
+
+
+class _Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = _Attention()
+        self.up, self.down = nn.Linear(16, 32), nn.Linear(32, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(x)
+        return x + self.down(F.gelu(self.up(x)))
+
+
+def _block(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return _Block()
+
+
+def _seq_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step)
+    return torch.randn(4, 6, 16, generator=g), torch.randn(4, 6, 16, generator=g)
+
+
+@scenario
+def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh("pjrt", (world,))
+    model = parallelize_module(_block().to(DEV), mesh, {
+        "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()})
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = _seq_batch(step)  # the same full batch on every rank
+        opt.zero_grad()
+        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        opt.step()
+    got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
+    err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
+                              "tensor parallel block")
+    dist.destroy_process_group()
+    return {"max_rel_error": err}
+
+
+@scenario
+def checkpoint(rank: int, world: int) -> dict[str, Any]:
+    """Save a sharded FSDP2 model and optimizer with `world` ranks; the test
+    then loads it with one rank (a different world size) and compares."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    dist.init_process_group("pjrt", timeout=timeout())
+    ckpt = os.path.join(os.environ["DIST_TEST_OUT"], "ckpt")
+    model = _mlp().to(DEV)
+    fully_shard(model)  # sharded over this run's world: 2 ranks save, 1 loads
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()  # noqa: E731
+    if os.environ["DIST_CKPT_MODE"] == "save":
+        for step in range(2):
+            x, y = _local_batch(step, rank, world)
+            opt.zero_grad()
+            F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+            opt.step()
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
+        expected = {k: full(v) for k, v in msd.items()}
+        if rank == 0:
+            torch.save(expected, os.path.join(os.environ["DIST_TEST_OUT"], "expected.pt"))
+        result = {"saved": sorted(expected)}
+    else:
+        x, y = _local_batch(0, rank, world)
+        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        opt.step()  # creates the optimizer state to load into
+        opt.zero_grad()
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, checkpoint_id=ckpt)
+        set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        expected = torch.load(os.path.join(os.environ["DIST_TEST_OUT"], "expected.pt"))
+        loaded = {k: full(v) for k, v in get_state_dict(model, opt)[0].items()}
+        for k, v in expected.items():
+            exact(loaded[k].to(DEV), v, f"loaded {k}")
+        exp_avg = [full(s["exp_avg"]) for s in get_state_dict(model, opt)[1]["state"].values()]
+        assert all(torch.isfinite(e).all() and e.abs().sum() > 0 for e in exp_avg), "optimizer state not loaded"
+        result = {"loaded": sorted(loaded)}
+    dist.destroy_process_group()
+    return result
+
+
+def main() -> None:
+    name, out_dir = sys.argv[1], sys.argv[2]
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    os.environ["DIST_TEST_OUT"] = out_dir
+    path = os.path.join(out_dir, f"rank{rank}.json")
+    try:
+        result = {"ok": True, **SCENARIOS[name](rank, world)}
+    except BaseException:  # noqa: BLE001  (reported to the test)
+        result = {"ok": False, "error": traceback.format_exc()}
+    with open(path, "w") as f:
+        json.dump(result, f, default=str)
+    sys.exit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()
