@@ -264,16 +264,26 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     dist.all_reduce(want)
     exact(got, want, "pjrt-only group all_reduce")
     checked.append("pjrt group/objects")
+    solo = dist.new_group([1], backend="pjrt")  # every rank takes part in creating it
+    if rank == 1:
+        assert dist.get_rank(solo) == 0 and dist.get_world_size(solo) == 1
+        t = torch.full((2,), 5.0, device=DEV)
+        dist.all_reduce(t, group=solo)
+        dist.broadcast(t, group_src=0, group=solo)
+        exact(t, torch.full((2,), 5.0), "a one-rank subgroup")
+    checked.append("subgroup")
 
     # A collective inside a compiled graph: the graph runs eagerly (a collective
     # is a host transfer), with the right result.
     fn = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", group) + 1, backend="pjrt")
     exact(fn(a.to(DEV)), ra * 2 + 1, "compiled graph with a collective")
+    exact(fn(a.to(DEV)), ra * 2 + 1, "compiled graph with a collective, second call")
+    eager_reasons = [why for stats in torch_pjrt.metrics()["compiled"].values() for why in stats["eager_graphs"]]
     checked.append("compiled")
 
     dist.barrier()
     dist.destroy_process_group()
-    return {"checked": checked}
+    return {"checked": checked, "compiled_eager_reasons": eager_reasons}
 
 
 def _gathered(x: torch.Tensor, world: int) -> list[torch.Tensor]:
@@ -410,7 +420,8 @@ def ddp(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
     backend = dist.group.WORLD._get_backend(DEV)
     assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
-    model = DDP(_mlp().to(DEV), bucket_cap_mb=0.001)  # several buckets
+    # device_ids as CUDA scripts pass them (DDP then uses streams and record_stream).
+    model = DDP(_mlp().to(DEV), device_ids=[DEV.index], bucket_cap_mb=0.001)  # several buckets
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = _local_batch(step, rank, world)

@@ -77,6 +77,8 @@ def test_every_collective_matches_gloo_on_cpu(tmp_path: Any, mode: str) -> None:
     reports = run_ranks("collectives", tmp_path, env={"TORCH_PJRT_EAGER_MODE": mode})
     assert_ok(reports)
     assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
+    # A compiled graph holding a collective runs eagerly, and says why.
+    assert any("collective" in why for why in reports[0]["compiled_eager_reasons"]), reports[0]
 
 
 def test_bad_input_raises_on_every_rank_and_the_group_survives(tmp_path: Any) -> None:
@@ -132,3 +134,16 @@ def test_streams_and_events_follow_submission_order(dev: torch.device) -> None:
     y.record_stream(s)
     torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=1e-4, atol=1e-4)
     assert torch_pjrt.device_module.current_stream().device.type == "pjrt"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_example_trains_under_torchrun(strategy: str) -> None:
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "train_distributed.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", example,
+           "--strategy", strategy, "--steps", "11", "--warmup", "2", "--layers", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
+                          env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    losses = [float(line.split()[-1]) for line in done.stdout.splitlines() if line.startswith("step")]
+    assert len(losses) == 3 and losses[-1] < 0.7 * losses[0], done.stdout
+    assert f"{strategy}, 2 ranks" in done.stdout and "tokens/s" in done.stdout, done.stdout

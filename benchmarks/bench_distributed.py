@@ -1,0 +1,161 @@
+"""torch.distributed benchmark (not a test): all_reduce bandwidth of the pjrt
+backend next to gloo on CPU tensors, and the DDP training step with 1 and 2
+processes on pjrt next to the same on CPU over gloo, in one run.
+
+    .venv/bin/python benchmarks/bench_distributed.py [--iters N] [--steps N]
+
+The driver launches the ranks itself with torchrun (--standalone, on this
+machine). Bandwidth is the algorithm bandwidth of all_reduce SUM on float32:
+bytes per rank / seconds per call, each timed loop ending in a device
+synchronize. "pjrt, no check" skips the signature exchange that makes
+mismatched calls raise (TORCH_PJRT_DIST_CHECK=0). On a machine with fewer
+cores than processes x threads, the ranks compete for cores: compare columns
+of one run, not runs on different machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+
+
+def _timed(fn, sync, iters: int) -> float:
+    fn()
+    sync()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        sync()
+        best = min(best, (time.perf_counter() - start) / iters)
+    return best
+
+
+def worker_bandwidth(out: str, iters: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import torch_pjrt  # noqa: F401
+
+    dist.init_process_group("cpu:gloo,pjrt:pjrt")
+    os.environ["TORCH_PJRT_DIST_CHECK"] = "0"
+    unchecked = dist.new_group(backend="pjrt")
+    dev = torch.device("pjrt", 0)
+    rows = []
+    for size in SIZES:
+        n = size // 4
+        n_iters = max(3, min(iters, (32 << 20) // size))
+        cpu = torch.ones(n)
+        pj = torch.ones(n, device=dev)
+        t_cpu = _timed(lambda: dist.all_reduce(cpu), lambda: None, n_iters)
+        t_pjrt = _timed(lambda: dist.all_reduce(pj), torch.pjrt.synchronize, n_iters)
+        t_raw = _timed(lambda: dist.all_reduce(pj, group=unchecked), torch.pjrt.synchronize, n_iters)
+        rows.append({"bytes": size, "gloo_cpu": size / t_cpu, "pjrt": size / t_pjrt, "pjrt_nocheck": size / t_raw})
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(rows, f)
+    dist.destroy_process_group()
+
+
+def worker_ddp(out: str, device: str, steps: int) -> None:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    import torch_pjrt  # noqa: F401
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from models import TinyTransformer, synthetic_tokens
+
+    dist.init_process_group("pjrt" if device == "pjrt" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("pjrt", 0) if device == "pjrt" else torch.device("cpu")
+    torch.manual_seed(0)
+    vocab, seq, batch = 256, 64, 8
+    model = DistributedDataParallel(TinyTransformer(vocab=vocab, dim=128, heads=4, layers=2, seq=seq).to(dev))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = (t.to(dev) for t in synthetic_tokens(batch, seq, vocab, seed=rank))
+    sync = torch.pjrt.synchronize if device == "pjrt" else (lambda: None)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).backward()
+        opt.step()
+
+    for _ in range(3):
+        step()
+    sync()
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    ms = statistics.median(times) * 1e3
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"ms": ms, "tokens_per_s": world * batch * seq / (ms / 1e3)}, f)
+    dist.destroy_process_group()
+
+
+def launch(nproc: int, *worker_args: str) -> None:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+           __file__, "--worker", *worker_args]
+    env = dict(os.environ, OMP_NUM_THREADS=str(max(1, (os.cpu_count() or 1) // nproc)))
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.worker:
+        kind, out, *rest = args.worker
+        if kind == "bandwidth":
+            worker_bandwidth(out, args.iters)
+        else:
+            worker_ddp(out, rest[0], args.steps)
+        return
+
+    with tempfile.TemporaryDirectory() as tmp:
+        bw = os.path.join(tmp, "bw.json")
+        launch(2, "bandwidth", bw, "--iters", str(args.iters))
+        ddp = {}
+        for device in ("pjrt", "cpu"):
+            for nproc in (1, 2):
+                path = os.path.join(tmp, f"ddp_{device}_{nproc}.json")
+                launch(nproc, "ddp", path, device, "--steps", str(args.steps))
+                with open(path) as f:
+                    ddp[device, nproc] = json.load(f)
+        with open(bw) as f:
+            rows = json.load(f)
+
+    print(f"all_reduce SUM float32, 2 processes, algorithm bandwidth MB/s ({os.cpu_count()} cores)")
+    print(f"{'size':>8} {'gloo CPU':>10} {'pjrt':>10} {'pjrt/gloo':>10} {'pjrt, no check':>15}")
+    for r in rows:
+        size = r["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        print(f"{label:>8} {r['gloo_cpu'] / 1e6:>10.1f} {r['pjrt'] / 1e6:>10.1f} {r['pjrt'] / r['gloo_cpu']:>10.2f} "
+              f"{r['pjrt_nocheck'] / 1e6:>15.1f}")
+    print("\nDDP training step, GPT-style decoder (2 layers x d128, 8x64 tokens per rank, AdamW), median ms")
+    print(f"{'':>18} {'1 process':>10} {'2 processes':>12} {'tokens/s 1':>11} {'tokens/s 2':>11}")
+    for device, label in (("pjrt", "pjrt (pjrt PG)"), ("cpu", "CPU (gloo PG)")):
+        one, two = ddp[device, 1], ddp[device, 2]
+        print(f"{label:>18} {one['ms']:>10.1f} {two['ms']:>12.1f} {one['tokens_per_s']:>11,.0f} "
+              f"{two['tokens_per_s']:>11,.0f}")
+
+
+if __name__ == "__main__":
+    main()
