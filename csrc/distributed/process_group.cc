@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -181,6 +182,25 @@ class RecvWork final : public c10d::Work {
   std::shared_future<Received> received_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
+};
+
+// The calls of one coalescing block: waits for each in order (a receive's
+// second step runs on its lane, so no order of waits deadlocks).
+class GroupWork final : public c10d::Work {
+ public:
+  explicit GroupWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
+      : Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+  bool isCompleted() override {
+    return std::all_of(works_.begin(), works_.end(), [](const auto& w) { return w->isCompleted(); });
+  }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    for (const auto& w : works_) w->wait(timeout);
+    return true;
+  }
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
 };
 
 // Runs jobs one after another on its own thread. A receive's second step
@@ -540,10 +560,27 @@ void ProcessGroupPjrt::agree(const Signature& sig) {
   }
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::done(std::vector<at::Tensor> outputs, c10d::OpType type) const {
+c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::done(std::vector<at::Tensor> outputs, c10d::OpType type) {
   std::vector<c10::Device> devices;
   if (!outputs.empty()) devices.push_back(outputs[0].device());
-  return c10::make_intrusive<DoneWork>(std::move(outputs), type, devices);
+  return track(c10::make_intrusive<DoneWork>(std::move(outputs), type, devices));
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::track(c10::intrusive_ptr<c10d::Work> work) {
+  if (coalescing_) coalesced_.push_back(work);
+  return work;
+}
+
+void ProcessGroupPjrt::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "pjrt: coalescing already started");
+  coalescing_ = true;
+  coalesced_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::endCoalescing() {
+  TORCH_CHECK(coalescing_, "pjrt: endCoalescing without startCoalescing");
+  coalescing_ = false;
+  return c10::make_intrusive<GroupWork>(std::move(coalesced_));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::broadcast(std::vector<at::Tensor>& tensors,
@@ -819,7 +856,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::send(std::vector<at::Tensor>& t
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "pjrt send: destination ", dst, " is not another rank of ",
               "this group of ", size_);
   flush_pending();
-  return transported("send", [&] { return transport_->send(tensors[0], dst, tag); });
+  return track(transported("send", [&] { return transport_->send(tensors[0], dst, tag); }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::recv(std::vector<at::Tensor>& tensors, int src, int tag) {
@@ -828,14 +865,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::recv(std::vector<at::Tensor>& t
   TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "pjrt recv: source ", src, " is not another rank of ",
               "this group of ", size_);
   flush_pending();
-  return transported("recv", [&] { return transport_->recv(tensors[0], src, tag); });
+  return track(transported("recv", [&] { return transport_->recv(tensors[0], src, tag); }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   check_tensors("recv", tensors, 1);
   check_tag("recv", tag);
   flush_pending();
-  return transported("recv", [&] { return transport_->recv(tensors[0], -1, tag); });
+  return track(transported("recv", [&] { return transport_->recv(tensors[0], -1, tag); }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::barrier(const c10d::BarrierOptions& /*opts*/) {

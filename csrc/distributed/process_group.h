@@ -108,15 +108,22 @@ class ProcessGroupPjrt final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src, int tag) override;
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  // _coalescing_manager(device=...): the calls in between run as they come
+  // (collectives complete at once); endCoalescing's Work waits for them all.
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
 
  private:
   struct Signature;
   // Every rank's signature of this call must match (a no-op unless check_).
   void agree(const Signature& sig);
-  c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> outputs, c10d::OpType type) const;
+  c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> outputs, c10d::OpType type);
+  c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);  // kept while coalescing
 
   std::unique_ptr<Transport> transport_;
   bool check_;
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };
 
 // torch_pjrt._C._ProcessGroupPjrt(host_backend, rank, size, check).

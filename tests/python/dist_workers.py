@@ -208,6 +208,14 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     dist.all_reduce(rb)
     exact(ga, ra, "coalesced all_reduce (a)")
     exact(gb, rb, "coalesced all_reduce (b)")
+    # Coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP-style).
+    outs = [torch.empty(world * 3, device=DEV), torch.empty(world * 4, device=DEV)]
+    with dist._coalescing_manager(device=DEV, async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], a.to(DEV))
+        dist.all_gather_into_tensor(outs[1], b.view(-1).to(DEV))
+    cm.wait()
+    exact(outs[0], torch.cat(_gathered(a, world)), "coalesced all_gather_into_tensor (a)")
+    exact(outs[1], torch.cat(_gathered(b.view(-1), world)), "coalesced all_gather_into_tensor (b)")
     group = dist.group.WORLD
     exact(funcol.all_reduce(a.to(DEV), "sum", group), ra, "funcol all_reduce")
     exact(funcol.all_gather_tensor(a.to(DEV), 0, group), torch.cat(_gathered(a, world)), "funcol all_gather_tensor")
@@ -520,6 +528,17 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
     got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
     err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
                               "tensor parallel block")
+    # DTensor's RNG tracker reads and sets the pjrt generator state (16 bytes:
+    # seed, offset): a replicated random tensor is the same on every rank.
+    import torch.distributed.tensor as dt
+    torch.manual_seed(1234)
+    replicated = dt.rand(8, 4, device_mesh=mesh, placements=[dt.Replicate()]).to_local()
+    copies = [torch.empty_like(replicated) for _ in range(world)]
+    dist.all_gather(copies, replicated)
+    for c in copies[1:]:
+        exact(c, copies[0].cpu(), "replicated dt.rand is the same on every rank")
+    sharded = dt.rand(8, 4, device_mesh=mesh, placements=[dt.Shard(0)]).full_tensor()
+    assert sharded.shape == (8, 4) and not torch.equal(sharded[:4].cpu(), sharded[4:].cpu()), "shards repeat"
     dist.destroy_process_group()
     return {"max_rel_error": err}
 
