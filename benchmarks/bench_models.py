@@ -1,11 +1,13 @@
 """Model training-step benchmark: pjrt strict eager, pjrt fused eager and plain
 CPU PyTorch eager side by side, in one run (not a test).
 
-Each row trains the same seeded model in each mode: warm-up steps (compiles,
-cache fill), then N timed steps, each ending in a real device synchronize;
-the table shows median step times, fused/cpu (above 1: pjrt is slower than
-CPU eager), strict/fused (the fused speed-up), and the compiles fused mode did
-during the timed steps (0: it settled on cached programs).
+Each row trains the same seeded model in each mode through torch_pjrt.bench:
+the first step timed alone, warm-up steps (compiles, cache fill), then N timed
+steps, each ending in a real device synchronize; a mode that compiled or fell
+back to the CPU while timed is flagged under its row. The table shows median
+step times, compiled/inductor (above 1: pjrt is slower), and the programs fused
+and compiled mode compiled during the timed steps (0: they settled on cached
+programs).
 
   .venv/bin/python benchmarks/bench_models.py [--steps N] [--warmup N] [--threads N] [--rows "GPT;CNN"]
       [--no-compile] [--no-cold]
@@ -19,118 +21,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-from models import MLP, SmallCNN, TinyTransformer, synthetic_images, synthetic_tokens  # noqa: E402
+from models import TinyTransformer, synthetic_tokens  # noqa: E402
 
 import torch_pjrt  # noqa: E402
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-    elif device != "cpu":
-        torch_pjrt.synchronize()
-
-
-def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
-                  backend: str | None) -> Callable[[], None]:
-    """One step: zero_grad, loss().backward(), opt.step(). With a torch.compile backend,
-    the loss (forward, and through AOTAutograd the backward) and the optimizer step
-    are compiled; zero_grad and backward()'s call stay eager, as in user code. For
-    pjrt, the optimizer is capturable (its step count on the device, as Dynamo does for
-    CUDA by itself): a CPU step count would be read back from the device every step."""
-    if backend == "pjrt":
-        for group in opt.param_groups:
-            if "capturable" in group:
-                group["capturable"] = True
-    forward = torch.compile(loss, backend=backend, dynamic=False) if backend else loss
-    update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
-
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        forward().backward()
-        update()
-
-    return step
-
-
-def gpt_step(device: str, backend: str | None = None, autocast: bool = False, attention: str = "sdpa",
-             tied: bool = False) -> Callable[[], None]:
-    vocab, seq = 256, 64
-    torch.manual_seed(0)
-    model = TinyTransformer(vocab=vocab, dim=128, heads=4, layers=4, seq=seq, attention=attention,
-                            tied=tied).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = (t.to(device) for t in synthetic_tokens(8, seq, vocab))
-
-    def loss() -> torch.Tensor:
-        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-            return F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
-
-    return training_step(loss, opt, backend)
-
-
-def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
-                    y: torch.Tensor, backend: str | None) -> Callable[[], None]:
-    return training_step(lambda: F.cross_entropy(model(x), y), opt, backend)
-
-
-def cnn_step(device: str, backend: str | None = None) -> Callable[[], None]:
-    torch.manual_seed(0)
-    model = SmallCNN(width=32).to(device)
-    x, y = (t.to(device) for t in synthetic_images(32, size=32))
-    return classifier_step(model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), x, y, backend)
-
-
-def mlp_step(device: str, backend: str | None = None) -> Callable[[], None]:
-    torch.manual_seed(0)
-    model = MLP().to(device)
-    g = torch.Generator().manual_seed(1)
-    x, y = torch.randn(64, 32, generator=g).to(device), torch.randint(0, 10, (64,), generator=g).to(device)
-    return classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, backend)
-
-
-def hf_gpt2_step(device: str, backend: str | None = None) -> Callable[[], None]:
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=128, n_layer=2, n_head=4,
-                                  attn_implementation="sdpa")
-    model = transformers.GPT2LMHeadModel(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1)).to(device)
-    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, backend)
+from torch_pjrt._bench_steps import cnn_step, gpt_step, hf_gpt2_step, mlp_step  # noqa: E402
+from torch_pjrt.bench import Result, benchmark, percentiles_ms, standard_targets, sync, time_call  # noqa: E402
 
 
 Make = Callable[..., Callable[[], None]]  # make(device, backend=None) -> step
-
-
-def median_ms(make: Make, device: str, warmup: int, steps: int,
-              after_warmup: Callable[[], None] = lambda: None, backend: str | None = None) -> float:
-    torch._dynamo.reset()
-    step = make(device, backend=backend)
-    for _ in range(warmup):
-        step()
-    sync(device)
-    after_warmup()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1e3
 
 
 ROWS: list[tuple[str, Make]] = [
@@ -143,15 +50,16 @@ ROWS: list[tuple[str, Make]] = [
 ]
 
 
-def pjrt_ms(make: Make, mode: str, warmup: int, steps: int) -> tuple[float, int, str]:
-    """Median step time in `mode` ("strict", "fused", or "compiled": backend="pjrt" with
-    fused eager around it), compiles during the timed steps, CPU fallbacks."""
-    backend = "pjrt" if mode == "compiled" else None
-    with torch_pjrt.eager_mode("fused" if mode == "compiled" else mode):
-        ms = median_ms(make, "pjrt", warmup, steps, after_warmup=torch_pjrt.reset_metrics, backend=backend)
-    m = torch_pjrt.metrics()
-    fallbacks = ", ".join(op.removeprefix("aten::") for op in sorted(m["fallbacks"])) or "none"
-    return ms, m["compiles"], fallbacks
+def median(res: dict[str, Result], key: str) -> float:
+    return res[key].median_ms if key in res else float("nan")
+
+
+def compiles(res: dict[str, Result], key: str) -> int:
+    return res[key].compiles if key in res else 0
+
+
+def fallbacks(r: Result) -> str:
+    return ", ".join(op.removeprefix("aten::") for op in sorted(r.fallbacks or {})) or "none"
 
 
 def gpt_parts_ms(backend: str, device: str, steps: int) -> dict[str, float]:
@@ -170,20 +78,13 @@ def gpt_parts_ms(backend: str, device: str, steps: int) -> dict[str, float]:
     for i in range(steps + 5):
         opt.zero_grad(set_to_none=True)
         sync(device)
-        t0 = time.perf_counter()
-        loss = forward()
-        sync(device)
-        t1 = time.perf_counter()
-        loss.backward()
-        sync(device)
-        t2 = time.perf_counter()
-        update()
-        sync(device)
-        t3 = time.perf_counter()
+        loss, forward_s = time_call(forward, device)
+        _, backward_s = time_call(loss.backward, device)
+        _, update_s = time_call(update, device)
         if i >= 5:
-            for k, dt in zip(times, (t1 - t0, t2 - t1, t3 - t2)):
+            for k, dt in zip(times, (forward_s, backward_s, update_s)):
                 times[k].append(dt)
-    return {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return {k: percentiles_ms(v)[0] for k, v in times.items()}
 
 
 def first_step_ms(row: str, mode: str) -> None:
@@ -192,11 +93,8 @@ def first_step_ms(row: str, mode: str) -> None:
     device = "cpu" if mode == "inductor" else "pjrt"
     backend = {"compiled": "pjrt", "inductor": "inductor"}.get(mode)
     with torch_pjrt.eager_mode("fused" if mode == "compiled" else "strict"):  # modes: compiled, inductor
-        start = time.perf_counter()
-        step = make(device, backend=backend)
-        step()
-        sync(device)
-    print(f"first_step_ms {(time.perf_counter() - start) * 1e3:.1f} compiles {torch_pjrt.metrics()['compiles']}")
+        _, seconds = time_call(lambda: make(device, backend=backend)(), device)
+    print(f"first_step_ms {seconds * 1e3:.1f} compiles {torch_pjrt.metrics()['compiles']}")
 
 
 def cold_and_warm(row: str, mode: str) -> tuple[float, float]:
@@ -246,21 +144,21 @@ def main() -> None:
           f"{'compiled/inductor':>19}{'steady compiles':>17}   CPU fallbacks")
     rows = [(name, make) for name, make in ROWS
             if not args.rows or any(r.lower() in name.lower() for r in args.rows.split(";"))]
+    keys = ["strict", "fused", "cpu"] + ([] if args.no_compile else ["compiled", "inductor"])
+    targets = standard_targets(keys, base)
     for name, make in rows:
-        cpu_ms = median_ms(make, args.baseline_device, args.warmup, args.steps)
-        inductor_ms = float("nan")
         try:
-            strict_ms, _, fb = pjrt_ms(make, "strict", args.warmup, args.steps)
-            fused_ms, compiles, _ = pjrt_ms(make, "fused", args.warmup, args.steps)
-            compiled_ms, compiled_compiles = float("nan"), 0
-            if not args.no_compile:
-                compiled_ms, compiled_compiles, _ = pjrt_ms(make, "compiled", args.warmup, args.steps)
-                inductor_ms = median_ms(make, args.baseline_device, args.warmup, args.steps, backend="inductor")
+            res = dict(zip(keys, benchmark(make, targets, args.warmup, args.steps)))
         except Exception as e:  # an op the device cannot run yet: show it, keep going
             print(f"  {name:<32}{'failed':>9}   {type(e).__name__}: {str(e)[:100]}")
             continue
-        print(f"  {name:<32}{strict_ms:>9.1f}{fused_ms:>9.1f}{compiled_ms:>9.1f}{cpu_ms:>9.1f}{inductor_ms:>9.1f}"
-              f"{compiled_ms / inductor_ms:>19.2f}{f'{compiles} / {compiled_compiles}':>17}   {fb}")
+        times = "".join(f"{median(res, k):>9.1f}" for k in ("strict", "fused", "compiled", "cpu", "inductor"))
+        steady = f"{compiles(res, 'fused')} / {compiles(res, 'compiled')}"
+        print(f"  {name:<32}{times}{median(res, 'compiled') / median(res, 'inductor'):>19.2f}{steady:>17}   "
+              f"{fallbacks(res['strict'])}")
+        flagged = [f"{r.target.name}: {'; '.join(r.flags)}" for r in res.values() if r.flags]
+        if flagged:
+            print(f"  {'':<32}flagged: " + " | ".join(flagged))
     if not (args.no_parts or args.no_compile) and any(n.startswith("GPT 4x128, sdpa, f32") for n, _ in rows):
         pjrt_parts = gpt_parts_ms("pjrt", "pjrt", args.steps)
         base_parts = gpt_parts_ms("inductor", base, args.steps)

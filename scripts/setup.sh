@@ -26,10 +26,10 @@ if [ ! -x .venv/bin/python ]; then
 fi
 VPY="$ROOT/.venv/bin/python"
 # Pinned: a plain 'torch' would pull a multi-GB CUDA build.
-if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, xla_plugins.xla_cpu_pjrt" 2>/dev/null; then
+if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, matplotlib, xla_plugins.xla_cpu_pjrt" 2>/dev/null; then
   echo "setup: installing Python packages"
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0 xla-cpu-pjrt==0.0.1 numpy pytest \
-    pybind11 setuptools expecttest 2>&1 | grep -v "^WARNING: Location" || true
+    pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
 fi
 
 # Model tests: pinned Transformers stack, and all-MiniLM-L6-v2 whose weights ship in its

@@ -1,0 +1,11 @@
+"""An op with no pjrt kernel inside the training step."""
+import torch
+
+w = torch.randn(6, 6, device="cuda", requires_grad=True)
+opt = torch.optim.SGD([w], lr=0.01)
+for step in range(3):
+    opt.zero_grad()
+    q, r = torch.linalg.qr(w)
+    loss = (q.sum() + r.sum()) ** 2
+    loss.backward()
+    opt.step()

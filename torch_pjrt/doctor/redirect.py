@@ -1,0 +1,214 @@
+"""Run a CUDA script on pjrt: device strings, `.cuda()`, `torch.cuda.*`,
+autocast, `torch.compile`'s backend and NCCL are redirected, each redirection
+recorded at the user's line. Values are untouched: only where they live."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .findings import _PACKAGE_DIR, _TORCH_DIR, Finding, Findings, user_site
+
+
+def is_cuda(device: Any, names: tuple[str, ...] = ("cuda",)) -> bool:
+    if isinstance(device, str):
+        return any(device == n or device.startswith(n + ":") for n in names)
+    return isinstance(device, torch.device) and device.type in names
+
+
+RANDOM_FACTORIES = {torch.randn, torch.rand, torch.randint, torch.randperm, torch.normal, torch.bernoulli,
+                    torch.randn_like, torch.rand_like, torch.randint_like}
+
+
+def _drawn_on_cpu(func: Any, target: Any) -> Callable[..., torch.Tensor]:
+    @functools.wraps(func)
+    def draw(*args: Any, **kwargs: Any) -> torch.Tensor:
+        requires_grad = kwargs.pop("requires_grad", False)
+        return func(*args, **kwargs).to(target).requires_grad_(requires_grad)  # a leaf, as asked
+    return draw
+
+
+class Redirect:
+    """Maps "cuda" to `target` ("pjrt", or "cpu" for the parity run) and
+    records every redirection."""
+
+    def __init__(self, findings: Findings, target: str) -> None:
+        self.findings = findings
+        self.target = target
+        # The parity run maps pjrt to the CPU too (a script already ported names it).
+        self.names = ("cuda",) if target != "cpu" else ("cuda", torch._C._get_privateuse1_backend_name())
+        self._undo: list[Callable[[], None]] = []
+
+    # ---- values -------------------------------------------------------------
+    def device(self, device: Any) -> Any:
+        if isinstance(device, str) and is_cuda(device, self.names):
+            index = device.partition(":")[2]
+            return self.target if self.target == "cpu" or not index else f"{self.target}:{index}"
+        if isinstance(device, torch.device) and device.type in self.names:
+            return torch.device(self.target, device.index) if self.target != "cpu" else torch.device("cpu")
+        return device
+
+    def note(self, what: str, site: tuple[str | None, int | None] | None = None) -> None:
+        if torch.compiler.is_compiling():
+            return  # a frame walk inside Dynamo's trace would break the graph
+        file, line = site or user_site(3)
+        self.findings.add(Finding(1, "cuda_call", f"{what} (redirected to {self.target})", file, line))
+
+    def torch_function(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, tuple, dict]:
+        """Rewrites one call seen by the doctor's TorchFunctionMode."""
+        if func is torch.Tensor.cuda:
+            index = args[1] if len(args) > 1 else kwargs.get("device")
+            self.note("Tensor.cuda()")
+            kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
+            target = self.device(torch.device("cuda", index if isinstance(index, int) else 0))
+            return torch.Tensor.to, (args[0], target), kwargs
+        if func is torch.device and args and is_cuda(args[0], self.names):
+            self.note(f"torch.device({args[0]!r})")
+            return func, (self.device(args[0] if len(args) == 1 else torch.device(*args)),), kwargs
+        if func is torch.Tensor.to and len(args) > 1 and is_cuda(args[1], self.names):
+            self.note(f".to({str(args[1])!r})")
+            args = (args[0], self.device(args[1]), *args[2:])
+        device = kwargs.get("device")
+        if is_cuda(device, self.names):
+            self.note(f"device={str(device)!r} in {getattr(func, '__name__', func)}")
+            target = self.device(device)
+            if func in RANDOM_FACTORIES:
+                # Drawn from the CPU generator, then moved: the pjrt run and the
+                # CPU parity run see the same numbers.
+                return _drawn_on_cpu(func, target), args, dict(kwargs, device="cpu")
+            kwargs = dict(kwargs, device=target)
+        return func, args, kwargs
+
+    # ---- patches ------------------------------------------------------------
+    def _patch(self, owner: Any, name: str, replacement: Any) -> None:
+        original = getattr(owner, name)
+        setattr(owner, name, replacement)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def install(self) -> None:
+        self._patch_cuda_module()
+        self._patch_autocast()
+        self._patch_compile()
+        self._patch_process_group()
+        original_default = torch.set_default_device
+
+        def set_default_device(device: Any) -> None:
+            if is_cuda(device, self.names):
+                self.note(f"torch.set_default_device({str(device)!r})")
+            original_default(self.device(device))
+
+        self._patch(torch, "set_default_device", set_default_device)
+
+    def uninstall(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def _patch_cuda_module(self) -> None:
+        device_module = getattr(torch, self.target, None) if self.target != "cpu" else None
+
+        def from_user() -> bool:
+            path = sys._getframe(2).f_code.co_filename
+            return not path.startswith((_TORCH_DIR, _PACKAGE_DIR))
+
+        def redirect(name: str, fallback: Callable[..., Any]) -> None:
+            original = getattr(torch.cuda, name, None)
+            if original is None:
+                return
+
+            @functools.wraps(original)
+            def call(*args: Any, **kwargs: Any) -> Any:
+                if not from_user():  # torch asking about CUDA itself: the truth
+                    return original(*args, **kwargs)
+                self.note(f"torch.cuda.{name}()")
+                impl = getattr(device_module, name, None) if device_module is not None else None
+                return (impl or fallback)(*args, **kwargs)
+
+            self._patch(torch.cuda, name, call)
+
+        nothing = lambda *a, **k: None  # noqa: E731
+        redirect("is_available", lambda: True)
+        redirect("device_count", lambda: 1)
+        redirect("current_device", lambda: 0)
+        redirect("set_device", nothing)
+        redirect("synchronize", nothing)
+        redirect("empty_cache", nothing)
+        redirect("manual_seed", torch.manual_seed)
+        redirect("manual_seed_all", torch.manual_seed)
+        redirect("get_device_name", lambda *a: f"{self.target} (redirected from cuda)")
+        for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
+                     "Stream", "Event", "current_stream", "stream", "get_rng_state", "set_rng_state"):
+            redirect(name, nothing)
+
+    def _patch_autocast(self) -> None:
+        original = torch.autocast
+        redirect = self
+
+        class autocast(original):  # type: ignore[misc,valid-type]  # noqa: N801
+            def __init__(self, device_type: str = "cuda", *args: Any, **kwargs: Any) -> None:
+                if is_cuda(device_type, redirect.names):
+                    redirect.note(f"torch.autocast({device_type!r})")
+                    device_type = redirect.target
+                super().__init__(device_type, *args, **kwargs)
+
+        self._patch(torch, "autocast", autocast)
+        self._patch(torch.amp, "autocast", autocast)
+        if hasattr(torch.cuda, "amp"):
+            self._patch(torch.cuda.amp, "autocast",
+                        lambda *a, **k: autocast("cuda", *a, **k))
+        original_scaler = torch.amp.GradScaler
+
+        class GradScaler(original_scaler):  # type: ignore[misc,valid-type]
+            def __init__(self, device: str = "cuda", *args: Any, **kwargs: Any) -> None:
+                if is_cuda(device, redirect.names):
+                    redirect.note(f"GradScaler({device!r})")
+                    device = redirect.target
+                super().__init__(device, *args, **kwargs)
+
+        self._patch(torch.amp, "GradScaler", GradScaler)
+        if hasattr(torch.cuda, "amp"):
+            self._patch(torch.cuda.amp, "GradScaler", lambda *a, **k: GradScaler("cuda", *a, **k))
+
+    def _patch_compile(self) -> None:
+        original = torch.compile
+        redirect = self
+        backend = "pjrt" if self.target != "cpu" else "inductor"
+
+        @functools.wraps(original)
+        def compile(model: Any = None, **kwargs: Any) -> Any:  # noqa: A001
+            from . import observe
+            observe.watch_dynamo(redirect.findings)
+            asked = kwargs.get("backend")
+            if asked is None or asked == "inductor":
+                dropped = {k: kwargs.pop(k) for k in ("mode", "options") if kwargs.get(k) not in (None, "default")}
+                kwargs["backend"] = backend
+                file, line = user_site(2)
+                if redirect.target != "cpu":
+                    note = f"torch.compile(backend={asked!r}) runs with backend='{backend}'"
+                    if dropped:
+                        note += f"; ignored {dropped}"
+                    redirect.findings.add(Finding(1, "compile_backend", note, file, line, severity="info"))
+            return original(model, **kwargs) if model is not None else original(**kwargs)
+
+        self._patch(torch, "compile", compile)
+
+    def _patch_process_group(self) -> None:
+        import torch.distributed as dist
+        if not dist.is_available():
+            return
+        original = dist.init_process_group
+
+        @functools.wraps(original)
+        def init_process_group(backend: Any = None, *args: Any, **kwargs: Any) -> Any:
+            name = kwargs.pop("backend", backend)
+            if isinstance(name, str) and "nccl" in name:
+                file, line = user_site(2)
+                self.findings.add(Finding(1, "nccl", f"init_process_group({name!r}) uses 'pjrt' instead",
+                                          file, line))
+                name = name.replace("nccl", "pjrt" if self.target != "cpu" else "gloo")
+            return original(name, *args, **kwargs)
+
+        self._patch(dist, "init_process_group", init_process_group)
