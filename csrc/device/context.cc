@@ -1,4 +1,5 @@
 #include "device/context.h"
+#include "executor/trace.h"
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/GeneratorImpl.h>
@@ -220,13 +221,14 @@ void assign(StorageState* st, std::shared_ptr<runtime::Buffer> buffer, std::vect
 std::shared_ptr<runtime::Buffer> upload(const void* data, DType dtype, const std::vector<int64_t>& dims, int device,
                                         const char* what) {
   std::shared_ptr<runtime::Buffer> buf;
+  int64_t bytes = static_cast<int64_t>(ir::dtype_size(dtype));
+  for (int64_t d : dims) bytes *= d;
+  executor::TraceScope traced(executor::TraceKind::HostToDevice, what, device, bytes);
   try {
     buf = rt().client().buffer_from_host(data, executor::to_pjrt(dtype), dims, rt().device(device));
   } catch (const runtime::PjrtError& e) {
     rethrow(e, what);
   }
-  int64_t bytes = static_cast<int64_t>(ir::dtype_size(dtype));
-  for (int64_t d : dims) bytes *= d;
   buf->track(&executor::memory_counter(device), bytes);
   executor::metrics().host_to_device_bytes += bytes;
   return buf;
@@ -288,6 +290,7 @@ void check_deferred_errors() {
 void synchronize(int device) {
   if (!runtime_ready()) return;
   executor::metrics().host_syncs++;
+  executor::TraceScope traced(executor::TraceKind::Sync, "synchronize", device < 0 ? 0 : device);
   std::vector<executor::DeviceGraph*> graphs;
   if (device >= 0) {
     graphs.push_back(&graph_of(device));
@@ -337,6 +340,8 @@ at::Tensor to_cpu(const at::Tensor& t) {
     return out.zero_();
   }
   size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  executor::TraceScope traced(executor::TraceKind::DeviceToHost, "to_cpu", st->device_index,
+                              static_cast<int64_t>(bytes));
   try {
     buffer->to_host(out.data_ptr(), bytes);
   } catch (const runtime::PjrtError& e) {

@@ -1,4 +1,5 @@
 #include "executor/deferred.h"
+#include "executor/trace.h"
 
 #include <algorithm>
 #include <sstream>
@@ -15,6 +16,35 @@ std::string program_label(const std::vector<OpRecord>& ops) {
   if (ops.empty()) return "";
   return ops.size() == 1 ? ops[0].op : "fused graph (" + std::to_string(ops.size()) + " ops)";
 }
+
+namespace {
+// A program launch as a trace event: from launch until its completion event
+// (on the plugin's thread); nothing when no profiler listens.
+class TracedLaunch {
+ public:
+  template <typename Label>
+  TracedLaunch(int device, Label label) : on_(tracing()) {
+    if (on_) event_ = trace_begin(TraceKind::Program, label(), device);
+  }
+  void until(runtime::Event* done) {
+    if (!on_) return;
+    on_ = false;
+    auto finish = [e = std::move(event_)]() mutable {
+      e.end_ns = trace_clock_ns();
+      trace(std::move(e));
+    };
+    if (done != nullptr) {
+      done->on_ready(std::move(finish));
+    } else {
+      finish();
+    }
+  }
+
+ private:
+  bool on_;
+  TraceEvent event_{};
+};
+}  // namespace
 
 std::string describe_ops(const std::vector<OpRecord>& ops, size_t limit) {
   std::string s;
@@ -287,7 +317,9 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   try {
     exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
     for (auto& a : args_) raw.push_back(a->raw());
+    TracedLaunch traced(device_, [&] { return label(); });
     results = exe->execute(rt_.device(device_), raw, &done);
+    traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     fail_locked(out_storage, e.code(), e.what());
   } catch (const std::exception& e) {
@@ -426,7 +458,9 @@ std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(
   std::vector<std::unique_ptr<runtime::Buffer>> results;
   std::unique_ptr<runtime::Event> done;
   try {
+    TracedLaunch traced(device_, [&] { return "compiled: " + (c.ops ? program_label(*c.ops) : std::string()); });
     results = c.exe->execute(rt_.device(device_), raw, &done, &keep);
+    traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     throw GraphError(e.code(), e.what(), c.ops ? *c.ops : std::vector<OpRecord>{});
   }

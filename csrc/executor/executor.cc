@@ -1,4 +1,5 @@
 #include "executor/executor.h"
+#include "executor/trace.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -264,6 +265,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
   }
   if (!exe) {
     auto start = std::chrono::steady_clock::now();
+    TraceScope traced(TraceKind::Compile, "compile", 0);
     exe = client_->compile(mlir);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::steady_clock::now() - start).count();

@@ -163,6 +163,32 @@ void Event::await() {
   TORCH_PJRT_CALL(*api_, PJRT_Event_Await, &args, "asynchronous PJRT operation failed");
 }
 
+void Event::on_ready(std::function<void()> fn) {
+  if (event_ == nullptr) {
+    fn();
+    return;
+  }
+  struct Pending {
+    std::shared_ptr<const Api> api;
+    std::function<void()> fn;
+  };
+  auto pending = std::make_unique<Pending>(Pending{api_, std::move(fn)});
+  auto args = ARGS(PJRT_Event_OnReady_Args);
+  args.event = event_;
+  args.user_arg = pending.get();
+  args.callback = [](PJRT_Error* error, void* user_arg) {
+    std::unique_ptr<Pending> p(static_cast<Pending*>(user_arg));
+    if (error != nullptr) {  // ours to destroy; whoever awaits the event sees the error
+      auto destroy = make_args<PJRT_Error_Destroy_Args>(PJRT_Error_Destroy_Args_STRUCT_SIZE);
+      destroy.error = error;
+      p->api->raw()->PJRT_Error_Destroy(&destroy);
+    }
+    p->fn();
+  };
+  TORCH_PJRT_CALL(*api_, PJRT_Event_OnReady, &args, "PJRT_Event_OnReady");
+  pending.release();  // the callback owns it now
+}
+
 bool Event::is_ready() const {
   if (event_ == nullptr) return true;
   auto args = ARGS(PJRT_Event_IsReady_Args);

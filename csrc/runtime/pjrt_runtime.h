@@ -50,6 +50,8 @@ class Event {
   Event& operator=(const Event&) = delete;
   void await();
   bool is_ready() const;
+  // Calls `fn` (on a plugin thread) once the event is ready, failed or not.
+  void on_ready(std::function<void()> fn);
 
  private:
   std::shared_ptr<const Api> api_;

@@ -5,6 +5,11 @@
 #include <cstdlib>
 
 #include "executor/deferred.h"
+#include "executor/trace.h"
+
+#include <chrono>
+#include <mutex>
+#include <thread>
 
 using namespace torch_pjrt;
 using ir::DType;
@@ -165,4 +170,44 @@ TEST(Deferred, AHostReadInsideACaptureBreaksItButStillComputes) {
   auto cap = g.end_capture();
   EXPECT_NE(cap->broken.find("host"), std::string::npos) << cap->broken;
   EXPECT_EQ(read(c), (std::vector<float>{3, 6, 9, 12}));
+}
+
+TEST(Trace, AProgramIsAnEventFromLaunchToCompletionWithItsOpsAndCorrelation) {
+  auto& g = executor::device_graph(runtime_for_tests(), 0);
+  std::mutex mu;
+  std::vector<executor::TraceEvent> events;
+  executor::set_trace_sink(
+      [&](executor::TraceEvent e) {
+        std::lock_guard<std::mutex> lock(mu);
+        events.push_back(std::move(e));
+      },
+      [] { return uint64_t{42}; });
+  executor::Storage a = with({1, 2, 3, 4});
+  executor::Storage b;
+  const int64_t before = executor::trace_clock_ns();
+  g.record(binary("subtract", &a, &a, &b), executor::RecordMode::Defer);
+  g.materialize(&b);
+  b.buffer->await_ready();
+  g.await_all();
+  // The completion callback runs on the plugin's thread: give it a moment.
+  for (int i = 0; i < 200; ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!events.empty()) break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  executor::set_trace_sink(nullptr, nullptr);
+  std::lock_guard<std::mutex> lock(mu);
+  std::vector<executor::TraceEvent> programs;
+  for (const auto& e : events) {
+    if (e.kind == executor::TraceKind::Program) programs.push_back(e);
+  }
+  ASSERT_EQ(programs.size(), 1u);
+  EXPECT_NE(programs[0].name.find("test::subtract"), std::string::npos) << programs[0].name;
+  EXPECT_GE(programs[0].start_ns, before);
+  EXPECT_GE(programs[0].end_ns, programs[0].start_ns);
+  EXPECT_EQ(programs[0].correlation, 42u);
+  EXPECT_GT(programs[0].thread, 0);
+  EXPECT_FALSE(executor::tracing());
 }
