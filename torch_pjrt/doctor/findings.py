@@ -50,12 +50,15 @@ def user_site(depth: int = 2) -> tuple[str | None, int | None]:
         frame = sys._getframe(depth)
     except ValueError:  # a shallow stack: a callback on autograd's backward thread
         frame = sys._getframe(0)
+    library = None  # an installed library's frame: the answer only if no user frame calls it
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_SKIP) and not path.startswith("<"):
-            return path, frame.f_lineno
+            if "site-packages" not in path:
+                return path, frame.f_lineno
+            library = library or (path, frame.f_lineno)
         frame = frame.f_back
-    return None, None
+    return library or (None, None)
 
 
 class Findings:

@@ -84,7 +84,8 @@ class DoctorMode(TorchFunctionMode):
     def _observe(self, func: Any, args: tuple) -> None:
         rec = self.record
         if func is torch.Tensor.backward and args and args[0].numel() == 1:
-            rec.losses.append(args[0].detach())
+            if self.device_type == "cpu" or _on_device(args[0], self.device_type):  # not a CPU reference's
+                rec.losses.append(args[0].detach())
             return
         what = _SYNCS.get(func) or _DATA_DEPENDENT.get(func)
         if what is not None and args and _on_device(args[0], self.device_type):
@@ -129,13 +130,21 @@ class StepWatch:
         from torch.optim.optimizer import register_optimizer_step_post_hook
         self.record.start = self._last = time.perf_counter()
         self._last_metrics = self._metrics()
-        self._handle = register_optimizer_step_post_hook(lambda *_: self.end_step())
+        self._handle = register_optimizer_step_post_hook(self._after_step)
 
     def uninstall(self) -> None:
         if self._handle is not None:
             self._handle.remove()
         if self.progress:
             sys.stderr.write("\n")
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, *_: Any) -> None:
+        # A script may also train on the CPU (a reference run): only steps of
+        # the device under test are its steps.
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        if not params or (params[0].device.type == "cpu") == self.on_device:
+            return
+        self.end_step()
 
     def end_step(self) -> None:
         if self.on_device:

@@ -41,6 +41,8 @@ class Redirect:
         self.target = target
         # The parity run maps pjrt to the CPU too (a script already ported names it).
         self.names = ("cuda",) if target != "cpu" else ("cuda", torch._C._get_privateuse1_backend_name())
+        self.used_autocast = False  # lower-precision compute: parity is judged more loosely
+        self.first_input: tuple[str, tuple[int, ...]] | None = None  # of a compiled module's first call
         self._undo: list[Callable[[], None]] = []
 
     # ---- values -------------------------------------------------------------
@@ -139,9 +141,13 @@ class Redirect:
         redirect("manual_seed", torch.manual_seed)
         redirect("manual_seed_all", torch.manual_seed)
         redirect("get_device_name", lambda *a: f"{self.target} (redirected from cuda)")
-        for name in ("memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "memory_stats",
-                     "Stream", "Event", "current_stream", "stream", "get_rng_state", "set_rng_state"):
+        # Functions only: classes (Stream, Event) stay, since libraries use them in
+        # annotations such as `torch.cuda.Stream | None`.
+        for name in ("memory_allocated", "max_memory_allocated"):
+            redirect(name, lambda *a, **k: 0)  # the CPU run: no device memory
+        for name in ("reset_peak_memory_stats", "current_stream", "stream", "get_rng_state", "set_rng_state"):
             redirect(name, nothing)
+        redirect("memory_stats", lambda *a, **k: {})
 
     def _patch_autocast(self) -> None:
         original = torch.autocast
@@ -149,9 +155,14 @@ class Redirect:
 
         class autocast(original):  # type: ignore[misc,valid-type]  # noqa: N801
             def __init__(self, device_type: str = "cuda", *args: Any, **kwargs: Any) -> None:
+                if redirect.target == "cpu":  # the parity reference is plain float32
+                    redirect.used_autocast = True
+                    super().__init__("cpu", enabled=False)
+                    return
                 if is_cuda(device_type, redirect.names):
                     redirect.note(f"torch.autocast({device_type!r})")
                     device_type = redirect.target
+                redirect.used_autocast = redirect.used_autocast or kwargs.get("enabled", True) is not False
                 super().__init__(device_type, *args, **kwargs)
 
         self._patch(torch, "autocast", autocast)
@@ -179,6 +190,8 @@ class Redirect:
 
         @functools.wraps(original)
         def compile(model: Any = None, **kwargs: Any) -> Any:  # noqa: A001
+            if redirect.target == "cpu":  # the parity reference runs eagerly
+                return model if model is not None else (lambda fn: fn)
             from . import observe
             observe.watch_dynamo(redirect.findings)
             asked = kwargs.get("backend")
@@ -191,9 +204,23 @@ class Redirect:
                     if dropped:
                         note += f"; ignored {dropped}"
                     redirect.findings.add(Finding(1, "compile_backend", note, file, line, severity="info"))
-            return original(model, **kwargs) if model is not None else original(**kwargs)
+            compiled = original(model, **kwargs) if model is not None else original(**kwargs)
+            if isinstance(compiled, torch.nn.Module):
+                redirect._watch_first_input(compiled)
+            return compiled
 
         self._patch(torch, "compile", compile)
+
+    def _watch_first_input(self, module: torch.nn.Module) -> None:
+        """The first call's token ids (or batch), for throughput: a hook on the
+        compiled wrapper runs outside Dynamo's frame, then removes itself."""
+        def hook(_: torch.nn.Module, args: tuple, kwargs: dict) -> None:
+            handle.remove()
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.dim() >= 2 and self.first_input is None:
+                    kind = "samples" if value.dtype.is_floating_point else "tokens"
+                    self.first_input = (kind, tuple(value.shape))
+        handle = module.register_forward_pre_hook(hook, with_kwargs=True)
 
     def _patch_process_group(self) -> None:
         import torch.distributed as dist

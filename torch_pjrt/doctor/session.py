@@ -41,6 +41,7 @@ class RunResult:
     losses: list[float] = field(default_factory=list)
     metrics: dict[str, Any] = field(default_factory=dict)
     peak_memory: int | None = None
+    used_autocast: bool = False
 
 
 def _crash_of(exc: BaseException) -> Crash:
@@ -93,7 +94,9 @@ def run_script(script: str, argv: list[str], target: str = "pjrt", progress: boo
             fallbacks.uninstall()
         redirect.uninstall()
         sys.argv, sys.path[:] = saved_argv, saved_path
-    result = RunResult(script, argv, target, findings, record, seconds, crash)
+    if record.first_input is None:
+        record.first_input = redirect.first_input
+    result = RunResult(script, argv, target, findings, record, seconds, crash, used_autocast=redirect.used_autocast)
     try:
         if on_device:
             torch_pjrt.synchronize()
