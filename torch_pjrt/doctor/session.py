@@ -111,7 +111,8 @@ def run_script(script: str, argv: list[str], target: str = "pjrt", progress: boo
     for path in sources:
         scan_file(path, findings)
     _drop_source_twins(findings)
-    if crash is not None and crash.type == "NotImplementedError" and "no pjrt kernel" in crash.message:
+    if crash is not None and crash.type == "NotImplementedError":
+        # No pjrt kernel with fallbacks forbidden, or no kernel on any backend.
         findings.add(Finding(2, "no_kernel", crash.message, crash.file, crash.line, severity="fail"))
     return result
 
