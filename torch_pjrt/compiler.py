@@ -118,6 +118,9 @@ class PjrtGraph:
         positions = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
         tensors = [inputs[i] for i in positions]
         key = _C._layout_key(inputs)
+        if not key:  # an int input out of int64's range: no program can be keyed by it
+            self._note_eager("an int input does not fit in int64")
+            return self.gm(*inputs)
         variant = self.variants.get(key)
         if isinstance(variant, (str, _Partitioned)):
             result = self._run_eagerly(variant, inputs)

@@ -69,6 +69,7 @@ class Session final : public libkineto::IActivityProfilerSession {
   }
 
   void stop() override {
+    executor::wait_for_pending_traces(1000);  // programs that finished just before
     executor::set_trace_sink(nullptr, nullptr);
     status_ = libkineto::TraceStatus::PROCESSING;
   }

@@ -5,6 +5,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -155,10 +156,7 @@ class RecvWork final : public c10d::Work {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{device});
   }
-  bool isCompleted() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return completed_;
-  }
+  bool isCompleted() override { return done_.load(); }
   bool isSuccess() const override { return true; }
   int sourceRank() const override { return source_; }
   bool wait(std::chrono::milliseconds timeout) override {
@@ -172,6 +170,7 @@ class RecvWork final : public c10d::Work {
     write_back(target_, r.payload);
     source_ = r.source;
     completed_ = true;
+    done_ = true;
     future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
     return true;
   }
@@ -182,6 +181,7 @@ class RecvWork final : public c10d::Work {
   std::shared_future<Received> received_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
+  std::atomic<bool> done_{false};  // read without the lock wait() holds while it blocks
 };
 
 // The calls of one coalescing block: waits for each in order (a receive's
@@ -254,8 +254,18 @@ class HostTransport final : public Transport {
   HostTransport(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
       : host_(std::move(host)), rank_(rank), size_(size) {}
   ~HostTransport() override {
-    std::lock_guard<std::mutex> lock(lanes_mutex_);
-    lanes_.clear();  // joins: a pending receive ends at the group's timeout
+    std::map<std::pair<int, int>, std::unique_ptr<Lane>> lanes;
+    {
+      std::lock_guard<std::mutex> lock(lanes_mutex_);
+      for (auto& [id, work] : waiting_) {  // receives nobody will send to: stop waiting
+        try {
+          work->abort();
+        } catch (...) {
+        }
+      }
+      lanes.swap(lanes_);
+    }
+    lanes.clear();  // joins each lane (its jobs take lanes_mutex_: not held here)
   }
 
   std::string name() const override { return "host (" + host_->getBackendName() + ")"; }
@@ -362,9 +372,11 @@ class HostTransport final : public Transport {
     const at::ScalarType dtype = t.scalar_type();
     const int64_t numel = t.numel();
     const std::vector<int64_t> sizes = t.sizes().vec();
-    lane(src, tag).push([this, header_work, header = header[0], promise, src, tag, dtype, numel, sizes] {
+    const uint64_t id = track_waiting(header_work);
+    lane(src, tag).push([this, id, header_work, header = header[0], promise, src, tag, dtype, numel, sizes] {
       try {
         header_work->wait();
+        untrack_waiting(id);
         const int64_t* p = header.data_ptr<int64_t>();
         const int source = src >= 0 ? src : header_work->sourceRank();
         TORCH_CHECK(p[0] == kHeaderMagic, "pjrt recv: the message from rank ", source,
@@ -381,6 +393,7 @@ class HostTransport final : public Transport {
         }
         promise->set_value(Received{payload_work, payload[0], source});
       } catch (...) {
+        untrack_waiting(id);
         promise->set_exception(std::current_exception());
       }
     });
@@ -396,6 +409,16 @@ class HostTransport final : public Transport {
     return out;
   }
 
+  uint64_t track_waiting(const c10::intrusive_ptr<c10d::Work>& work) {
+    std::lock_guard<std::mutex> lock(lanes_mutex_);
+    waiting_[++next_waiting_] = work;
+    return next_waiting_;
+  }
+  void untrack_waiting(uint64_t id) {
+    std::lock_guard<std::mutex> lock(lanes_mutex_);
+    waiting_.erase(id);
+  }
+
   Lane& lane(int src, int tag) {
     std::lock_guard<std::mutex> lock(lanes_mutex_);
     auto& slot = lanes_[{src, tag}];
@@ -407,6 +430,8 @@ class HostTransport final : public Transport {
   const int rank_, size_;
   std::mutex lanes_mutex_;
   std::map<std::pair<int, int>, std::unique_ptr<Lane>> lanes_;  // destroyed (joined) before host_
+  std::map<uint64_t, c10::intrusive_ptr<c10d::Work>> waiting_;  // header receives not yet in
+  uint64_t next_waiting_ = 0;
 };
 
 // ------------------------------------------------------------------ checks
@@ -572,7 +597,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::track(c10::intrusive_ptr<c10d::
 }
 
 void ProcessGroupPjrt::startCoalescing() {
-  TORCH_CHECK(!coalescing_, "pjrt: coalescing already started");
+  // A block that raised never ended its coalescing (torch's manager has no
+  // finally): start afresh.
   coalescing_ = true;
   coalesced_.clear();
 }
@@ -812,6 +838,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::alltoall_base(at::Tensor& outpu
                 total, ", the ", what, " has ", t.dim() > 0 ? t.size(0) : 0, " rows");
     return given;
   };
+  TORCH_CHECK(input.dim() > 0 && output.dim() > 0 && input.sizes().slice(1) == output.sizes().slice(1),
+              "pjrt all_to_all_single: rows of the input ", describe(input.scalar_type(), input.sizes()),
+              " and of the output ", describe(output.scalar_type(), output.sizes()), " differ in shape");
   Signature sig{c10d::OpType::ALLTOALL_BASE, {input}};
   sig.rows_vary = true;
   sig.in_splits = splits(input_splits, input, "input");

@@ -1,6 +1,8 @@
 #include "executor/deferred.h"
 #include "executor/trace.h"
 
+#include <unordered_map>
+
 #include <algorithm>
 #include <sstream>
 
@@ -26,16 +28,29 @@ class TracedLaunch {
   TracedLaunch(int device, Label label) : on_(tracing()) {
     if (on_) event_ = trace_begin(TraceKind::Program, label(), device);
   }
-  void until(runtime::Event* done) {
+  void until(runtime::Event* done) noexcept {
     if (!on_) return;
     on_ = false;
+    trace_pending(1);
     auto finish = [e = std::move(event_)]() mutable {
+      // The device runs its programs one after another: one still queued
+      // starts when the one before it ends, not at its launch.
+      static std::mutex mu;
+      static std::unordered_map<int, int64_t> last_end;
       e.end_ns = trace_clock_ns();
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        int64_t& previous = last_end[e.device];
+        e.start_ns = std::min(e.end_ns, std::max(e.start_ns, previous));
+        previous = e.end_ns;
+      }
       trace(std::move(e));
+      trace_pending(-1);
     };
-    if (done != nullptr) {
-      done->on_ready(std::move(finish));
-    } else {
+    try {
+      if (done == nullptr) throw std::runtime_error("no completion event");
+      done->on_ready(finish);
+    } catch (...) {  // tracing never fails a program: time it up to now
       finish();
     }
   }

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 namespace torch_pjrt::executor {
 namespace {
@@ -13,6 +14,7 @@ std::atomic<bool> g_on{false};
 std::mutex g_mu;
 std::shared_ptr<const TraceSink> g_sink;  // replaced whole: readers keep theirs
 std::atomic<CorrelationSource> g_correlation{nullptr};
+std::atomic<int> g_pending{0};
 
 int64_t this_thread() {
   static thread_local int64_t tid = static_cast<int64_t>(::syscall(SYS_gettid));
@@ -51,6 +53,14 @@ void trace(TraceEvent event) {
   if (!sink) return;
   if (event.end_ns < event.start_ns) event.end_ns = event.start_ns;
   (*sink)(std::move(event));
+}
+
+void trace_pending(int delta) noexcept { g_pending += delta; }
+
+void wait_for_pending_traces(int timeout_ms) {
+  for (int waited = 0; g_pending.load() > 0 && waited < timeout_ms; ++waited) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 TraceScope::TraceScope(TraceKind kind, const char* name, int device, int64_t bytes) : on_(tracing()) {

@@ -35,6 +35,11 @@ int64_t trace_clock_ns() noexcept;
 void trace(TraceEvent event);
 TraceEvent trace_begin(TraceKind kind, std::string name, int device, int64_t bytes = 0);
 
+// Program launches whose completion event is still to come (each one's
+// callback emits its event): a session waits for them before it stops.
+void trace_pending(int delta) noexcept;
+void wait_for_pending_traces(int timeout_ms);
+
 // Times a scope: the event is emitted at the end (if tracing at the start).
 class TraceScope {
  public:

@@ -183,7 +183,10 @@ void Event::on_ready(std::function<void()> fn) {
       destroy.error = error;
       p->api->raw()->PJRT_Error_Destroy(&destroy);
     }
-    p->fn();
+    try {
+      p->fn();
+    } catch (...) {  // never across the plugin's C frames
+    }
   };
   TORCH_PJRT_CALL(*api_, PJRT_Event_OnReady, &args, "PJRT_Event_OnReady");
   pending.release();  // the callback owns it now

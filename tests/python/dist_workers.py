@@ -339,6 +339,9 @@ def bad_input(rank: int, world: int) -> dict[str, Any]:
         lambda: dist.all_to_all_single(torch.empty(2 if rank == 0 else 4, device=DEV),
                                        torch.ones(sum(in_splits), device=DEV), [1, 1] if rank == 0 else [2, 2],
                                        in_splits), "rows")
+    msgs["row shape"] = _raises(
+        lambda: dist.all_to_all_single(torch.empty(4, 3, device=DEV), torch.ones(4, 2, device=DEV)),
+        "all_to_all_single", "differ in shape")
     # recv into a buffer of the wrong size: an error, not gloo's abort.
     if rank == 0:
         dist.send(torch.ones(10, device=DEV), dst=1)
@@ -348,8 +351,12 @@ def bad_input(rank: int, world: int) -> dict[str, Any]:
     t = torch.full((3,), float(rank), device=DEV)
     dist.all_reduce(t)
     exact(t, torch.full((3,), float(sum(range(world)))), "all_reduce after errors")
+    dist.barrier()
+    # A receive nobody sends to does not hold up the group's destruction.
+    dist.irecv(torch.empty(2, device=DEV), src=1 - rank, tag=99)
+    start = time.monotonic()
     dist.destroy_process_group()
-    return {"messages": msgs}
+    return {"messages": msgs, "destroy_seconds": time.monotonic() - start}
 
 
 @scenario

@@ -85,6 +85,7 @@ def test_bad_input_raises_on_every_rank_and_the_group_survives(tmp_path: Any) ->
     reports = run_ranks("bad_input", tmp_path)
     assert_ok(reports)
     assert "recv size" in reports[1]["messages"]
+    assert all(r["destroy_seconds"] < 10 for r in reports), reports  # not the group's 60 s timeout
 
 
 def test_a_rank_that_dies_makes_the_others_raise(tmp_path: Any) -> None:

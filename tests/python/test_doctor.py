@@ -121,3 +121,13 @@ def test_cost_per_million_follows_the_throughput(tmp_path: Any, rate: str) -> No
     assert s["cost_per_1m"] == pytest.approx(float(rate) / 3600 / s["throughput"] * 1e6)
     assert s["throughput"] == pytest.approx(32 / (s["median_step_ms"] / 1e3))
     assert report["levels"]["6"]["grade"] == "warn"  # dearer than a baseline at 1e9 samples/s
+
+
+def test_autocast_in_compiled_code_and_scaled_losses(tmp_path: Any) -> None:
+    report, done = doctor(tmp_path, "autocast_compiled.py", "--parity")
+    assert not report["crash"], report["crash"]
+    assert not findings(report, "graph_break"), "the doctor's autocast must not break the graph"
+    parity = [f for f in findings(report, "parity") if "max_rel_error" in f["data"]]
+    assert parity and parity[0]["data"]["autocast"], findings(report, "parity")
+    # The recorded losses are the unscaled ones: GradScaler multiplies by 65536.
+    assert report["summary"]["parity"]["max_rel_error"] < 3e-2, report["summary"]["parity"]

@@ -59,7 +59,9 @@ def test_a_training_step_shows_device_programs_and_transfers(dev: torch.device, 
 
 
 def test_a_compile_is_an_event_on_the_host(dev: torch.device, tmp_path: Any) -> None:
-    x = torch.randn(37, 41, device=dev)  # a shape no other test uses: compiled inside the profile
+    # A shape no run has used (the disk cache outlives processes): compiled inside the profile.
+    rows = 1000 + int.from_bytes(os.urandom(3), "little") % 1_000_000
+    x = torch.randn(rows, 3, device=dev)
     torch_pjrt.synchronize()
     with profile(activities=ACTIVITIES) as prof:
         y = (x * 3.25).sin().sum()

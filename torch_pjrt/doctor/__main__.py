@@ -35,8 +35,11 @@ def _rerun(kind: str, script: str, argv: list[str]) -> RunResult | None:
         env = dict(os.environ)
         if kind == "debug":
             env["TORCH_PJRT_EAGER_MODE"] = "debug"
-        subprocess.run([sys.executable, "-m", "torch_pjrt.doctor", "--child", kind, "--child-out", out, script,
-                        *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
+        try:
+            subprocess.run([sys.executable, "-m", "torch_pjrt.doctor", "--child", kind, "--child-out", out, script,
+                            *argv], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=3600)
+        except subprocess.TimeoutExpired:
+            return None  # the report goes on without this re-run
         if not os.path.exists(out):
             return None
         with open(out) as f:

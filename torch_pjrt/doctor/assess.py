@@ -91,6 +91,10 @@ def assess(run: RunResult, opts: Options, cpu_run: RunResult | None = None,
             msg += f"; first NaN/Inf: {where.message}"
         found.add(Finding(3, "nonfinite", msg, where.file if where else None, where.line if where else None,
                           severity="fail", data={"step": bad}))
+    if opts.parity and cpu_run is None:
+        checked[3] = True
+        found.add(Finding(3, "parity", "the CPU reference run did not finish (it ran past an hour or died)",
+                          severity="warn"))
     if opts.parity and cpu_run is not None:
         checked[3] = True
         ref = cpu_run.losses

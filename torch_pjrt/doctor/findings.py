@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import sysconfig
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -11,7 +12,8 @@ import torch
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-_SKIP = (_TORCH_DIR, _PACKAGE_DIR, "<frozen", os.path.dirname(os.__file__) + os.sep + "runpy")
+_STDLIB = tuple({sysconfig.get_paths()["stdlib"] + os.sep, sysconfig.get_paths()["platstdlib"] + os.sep})
+_SKIP = (_TORCH_DIR, _PACKAGE_DIR, "<frozen", *_STDLIB)
 
 LEVELS = {
     1: "device and API portability",
@@ -54,7 +56,7 @@ def user_site(depth: int = 2) -> tuple[str | None, int | None]:
     while frame is not None:
         path = frame.f_code.co_filename
         if not path.startswith(_SKIP) and not path.startswith("<"):
-            if "site-packages" not in path:
+            if "site-packages" not in path and "dist-packages" not in path:
                 return path, frame.f_lineno
             library = library or (path, frame.f_lineno)
         frame = frame.f_back

@@ -84,8 +84,9 @@ class DoctorMode(TorchFunctionMode):
     def _observe(self, func: Any, args: tuple) -> None:
         rec = self.record
         if func is torch.Tensor.backward and args and args[0].numel() == 1:
-            if self.device_type == "cpu" or _on_device(args[0], self.device_type):  # not a CPU reference's
-                rec.losses.append(args[0].detach())
+            loss = self.redirect.unscaled.pop(id(args[0]), args[0]) if self.redirect is not None else args[0]
+            if self.device_type == "cpu" or _on_device(loss, self.device_type):  # not a CPU reference's
+                rec.losses.append(loss.detach())
             return
         what = _SYNCS.get(func) or _DATA_DEPENDENT.get(func)
         if what is not None and args and _on_device(args[0], self.device_type):
@@ -197,15 +198,18 @@ class FallbackWatch:
 
 
 # ---- Dynamo -----------------------------------------------------------------------
-_watched: list[Findings] = []
+_watched: list[Findings] = []  # the run being watched (at most one); the hooks stay, idle without it
+_hooked = False
 
 
 def watch_dynamo(findings: Findings) -> None:
-    """Graph breaks and recompiles, as Dynamo meets them (installed on the first
+    """Graph breaks and recompiles, as Dynamo meets them (hooked on the first
     torch.compile call: a script that never compiles never imports Dynamo)."""
-    if findings in _watched:
+    global _hooked
+    _watched[:] = [findings]
+    if _hooked:
         return
-    _watched.append(findings)
+    _hooked = True
     from torch._dynamo import convert_frame, symbolic_convert
 
     original_break = symbolic_convert.InstructionTranslatorBase.log_graph_break
@@ -240,3 +244,7 @@ def watch_dynamo(findings: Findings) -> None:
         return found
 
     convert_frame.get_and_maybe_log_recompilation_reasons = reasons
+
+
+def unwatch_dynamo() -> None:
+    _watched.clear()

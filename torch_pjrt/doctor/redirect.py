@@ -4,8 +4,10 @@ recorded at the user's line. Values are untouched: only where they live."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -42,6 +44,7 @@ class Redirect:
         # The parity run maps pjrt to the CPU too (a script already ported names it).
         self.names = ("cuda",) if target != "cpu" else ("cuda", torch._C._get_privateuse1_backend_name())
         self.used_autocast = False  # lower-precision compute: parity is judged more loosely
+        self.unscaled: dict[int, torch.Tensor] = {}  # GradScaler.scale's output -> the loss it scaled
         self.first_input: tuple[str, tuple[int, ...]] | None = None  # of a compiled module's first call
         self._undo: list[Callable[[], None]] = []
 
@@ -133,43 +136,54 @@ class Redirect:
 
         nothing = lambda *a, **k: None  # noqa: E731
         redirect("is_available", lambda: True)
+        redirect("is_bf16_supported", lambda *a, **k: True)
+        redirect("get_device_properties", lambda *a, **k: types.SimpleNamespace(
+            name=f"{self.target} (redirected from cuda)", total_memory=0, major=0, minor=0,
+            multi_processor_count=0))
+        redirect("mem_get_info", lambda *a, **k: (0, 0))
         redirect("device_count", lambda: 1)
         redirect("current_device", lambda: 0)
         redirect("set_device", nothing)
         redirect("synchronize", nothing)
         redirect("empty_cache", nothing)
-        redirect("manual_seed", torch.manual_seed)
-        redirect("manual_seed_all", torch.manual_seed)
+        # CUDA seeds seed pjrt's generator; on the CPU run nothing (the CPU generator
+        # draws the redirected random factories in both runs alike).
+        redirect("manual_seed", nothing)
+        redirect("manual_seed_all", nothing)
         redirect("get_device_name", lambda *a: f"{self.target} (redirected from cuda)")
         # Functions only: classes (Stream, Event) stay, since libraries use them in
         # annotations such as `torch.cuda.Stream | None`.
         for name in ("memory_allocated", "max_memory_allocated"):
             redirect(name, lambda *a, **k: 0)  # the CPU run: no device memory
-        for name in ("reset_peak_memory_stats", "current_stream", "stream", "get_rng_state", "set_rng_state"):
+        for name in ("reset_peak_memory_stats", "current_stream", "get_rng_state", "set_rng_state"):
             redirect(name, nothing)
+        redirect("stream", lambda *a, **k: contextlib.nullcontext())
         redirect("memory_stats", lambda *a, **k: {})
 
     def _patch_autocast(self) -> None:
         original = torch.autocast
         redirect = self
 
-        class autocast(original):  # type: ignore[misc,valid-type]  # noqa: N801
-            def __init__(self, device_type: str = "cuda", *args: Any, **kwargs: Any) -> None:
-                if redirect.target == "cpu":  # the parity reference is plain float32
-                    redirect.used_autocast = True
-                    super().__init__("cpu", enabled=False)
-                    return
-                if is_cuda(device_type, redirect.names):
-                    redirect.note(f"torch.autocast({device_type!r})")
-                    device_type = redirect.target
-                redirect.used_autocast = redirect.used_autocast or kwargs.get("enabled", True) is not False
-                super().__init__(device_type, *args, **kwargs)
+        # A function returning torch's own autocast: Dynamo recognizes that class
+        # (a subclass would graph-break compiled code that enters autocast).
+        @functools.wraps(original)
+        def autocast(device_type: str = "cuda", *args: Any, **kwargs: Any) -> Any:
+            if redirect.target == "cpu":  # the parity reference is plain float32
+                return original("cpu", enabled=False)
+            if is_cuda(device_type, redirect.names):
+                redirect.note(f"torch.autocast({device_type!r})")
+                device_type = redirect.target
+            if kwargs.get("enabled", True) is not False:
+                redirect.used_autocast = True  # under Dynamo too: a plain attribute store it replays
+            return original(device_type, *args, **kwargs)
 
         self._patch(torch, "autocast", autocast)
         self._patch(torch.amp, "autocast", autocast)
         if hasattr(torch.cuda, "amp"):
-            self._patch(torch.cuda.amp, "autocast",
-                        lambda *a, **k: autocast("cuda", *a, **k))
+            def cuda_autocast(enabled: bool = True, dtype: torch.dtype = torch.float16,
+                              cache_enabled: bool = True) -> Any:  # the old API's argument order
+                return autocast("cuda", dtype=dtype, enabled=enabled, cache_enabled=cache_enabled)
+            self._patch(torch.cuda.amp, "autocast", cuda_autocast)
         original_scaler = torch.amp.GradScaler
 
         class GradScaler(original_scaler):  # type: ignore[misc,valid-type]
@@ -178,6 +192,12 @@ class Redirect:
                     redirect.note(f"GradScaler({device!r})")
                     device = redirect.target
                 super().__init__(device, *args, **kwargs)
+
+            def scale(self, outputs: Any) -> Any:
+                scaled = super().scale(outputs)
+                if isinstance(outputs, torch.Tensor) and isinstance(scaled, torch.Tensor):
+                    redirect.unscaled[id(scaled)] = outputs  # parity compares the loss, not loss x scale
+                return scaled
 
         self._patch(torch.amp, "GradScaler", GradScaler)
         if hasattr(torch.cuda, "amp"):
@@ -233,9 +253,12 @@ class Redirect:
             name = kwargs.pop("backend", backend)
             if isinstance(name, str) and "nccl" in name:
                 file, line = user_site(2)
-                self.findings.add(Finding(1, "nccl", f"init_process_group({name!r}) uses 'pjrt' instead",
+                replacement = "pjrt" if self.target != "cpu" else "gloo"
+                self.findings.add(Finding(1, "nccl", f"init_process_group({name!r}) uses {replacement!r} instead",
                                           file, line))
-                name = name.replace("nccl", "pjrt" if self.target != "cpu" else "gloo")
+                name = name.replace("nccl", replacement)
+                if self.target != "cpu":  # "cpu:gloo,cuda:nccl": the device key too
+                    name = name.replace("cuda:", f"{self.target}:")
             return original(name, *args, **kwargs)
 
         self._patch(dist, "init_process_group", init_process_group)

@@ -15,7 +15,7 @@ import torch
 import torch_pjrt
 
 from .findings import _PACKAGE_DIR, Finding, Findings
-from .observe import DoctorMode, FallbackWatch, RunRecord, StepWatch
+from .observe import DoctorMode, FallbackWatch, RunRecord, StepWatch, unwatch_dynamo
 from .redirect import Redirect
 from .source_scan import local_sources, scan_file
 
@@ -68,27 +68,29 @@ def run_script(script: str, argv: list[str], target: str = "pjrt", progress: boo
         torch_pjrt.reset_metrics()
         torch.pjrt.reset_peak_memory_stats()
     saved_argv, saved_path = sys.argv, list(sys.path)
-    sys.argv = [script, *argv]
-    sys.path.insert(0, os.path.dirname(script))
     crash = None
-    redirect.install()
-    if fallbacks:
-        fallbacks.install()
-    steps.install()
-    # One seed for every run of the doctor (pjrt, the CPU parity run): an
-    # unseeded script draws the same numbers in both; a seeded one overrides it.
-    torch.manual_seed(0)
     start = time.perf_counter()
     try:
+        sys.argv = [script, *argv]
+        sys.path.insert(0, os.path.dirname(script))
+        redirect.install()
+        if fallbacks:
+            fallbacks.install()
+        steps.install()
+        # One seed for every run of the doctor (pjrt, the CPU parity run): an
+        # unseeded script draws the same numbers in both; a seeded one overrides it.
+        torch.manual_seed(0)
+        start = time.perf_counter()
         with DoctorMode(redirect, record, target):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         if e.code not in (0, None):
             crash = Crash("SystemExit", f"exit status {e.code}", None, None, "")
-    except BaseException as e:  # noqa: BLE001  (the report says where and why)
+    except Exception as e:  # noqa: BLE001  (the report says where and why; Ctrl-C still stops)
         crash = _crash_of(e)
     finally:
         seconds = time.perf_counter() - start
+        unwatch_dynamo()
         steps.uninstall()
         if fallbacks:
             fallbacks.uninstall()
