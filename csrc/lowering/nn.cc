@@ -709,4 +709,98 @@ Value loss_grad_scale(Builder& b, Value grad, const std::vector<int64_t>& dims, 
   return g;
 }
 
+// ---------------------------------------------------------------- recurrent cells
+namespace {
+struct Cell {
+  Builder& b;
+  DType compute;  // float32 for 16-bit inputs, as PyTorch's fused cells accumulate
+  Value to(Value v) { return b.convert(v, compute); }
+  Value sig(Value v) { return b.unary("logistic", v); }
+  Value tanh(Value v) { return b.unary("tanh", v); }
+  Value mul(Value x, Value y) { return b.binary("multiply", x, y); }
+  Value add(Value x, Value y) { return b.binary("add", x, y); }
+  Value sub(Value x, Value y) { return b.binary("subtract", x, y); }
+  Value one_minus(Value v) { return sub(b.scalar_like(v, 1.0), v); }
+  Value chunk(Value v, int64_t k, int64_t n) { return b.slice_dim(v, 1, k * n, (k + 1) * n); }
+  // gates (+ bias broadcast over the batch)
+  Value gates(Value g, const Value* bias) {
+    Value x = to(g);
+    return bias ? add(x, b.broadcast_in_dim(to(*bias), b.dims(x), {1})) : x;
+  }
+  Value bias_grad(Value grad) { return b.reduce_simple(grad, b.constant(compute, 0), {0}, "add"); }
+};
+
+DType cell_dtype(DType d) { return d == DType::F16 || d == DType::BF16 ? DType::F32 : d; }
+}  // namespace
+
+std::vector<Value> lstm_cell(Builder& b, Value input_gates, Value hidden_gates, Value cx, const Value* input_bias,
+                             const Value* hidden_bias) {
+  DType out = b.dtype(input_gates);
+  Cell c{b, cell_dtype(out)};
+  Value g = c.add(c.gates(input_gates, input_bias), c.gates(hidden_gates, hidden_bias));
+  const int64_t n = b.dims(g)[1] / 4;
+  Value i = c.sig(c.chunk(g, 0, n)), f = c.sig(c.chunk(g, 1, n)), cand = c.tanh(c.chunk(g, 2, n)),
+        o = c.sig(c.chunk(g, 3, n));
+  Value cy = c.add(c.mul(f, c.to(cx)), c.mul(i, cand));
+  Value hy = c.mul(o, c.tanh(cy));
+  Value workspace = b.concatenate({i, f, cand, o}, 1);
+  return {b.convert(hy, out), b.convert(cy, out), b.convert(workspace, out)};
+}
+
+std::vector<Value> lstm_cell_backward(Builder& b, const Value* grad_hy, const Value* grad_cy, Value cx, Value cy,
+                                      Value workspace, bool has_bias) {
+  DType out = b.dtype(workspace);
+  Cell c{b, cell_dtype(out)};
+  Value ws = c.to(workspace);
+  const int64_t n = b.dims(ws)[1] / 4;
+  Value i = c.chunk(ws, 0, n), f = c.chunk(ws, 1, n), cand = c.chunk(ws, 2, n), o = c.chunk(ws, 3, n);
+  Value tanh_cy = c.tanh(c.to(cy));
+  Value zero = b.scalar_like(tanh_cy, 0.0);
+  Value ghy = grad_hy ? c.to(*grad_hy) : zero;
+  Value gcy = c.add(c.mul(c.mul(ghy, o), c.one_minus(c.mul(tanh_cy, tanh_cy))), grad_cy ? c.to(*grad_cy) : zero);
+  Value gi = c.mul(c.mul(gcy, cand), c.mul(i, c.one_minus(i)));
+  Value gf = c.mul(c.mul(gcy, c.to(cx)), c.mul(f, c.one_minus(f)));
+  Value gg = c.mul(c.mul(gcy, i), c.one_minus(c.mul(cand, cand)));
+  Value go = c.mul(c.mul(ghy, tanh_cy), c.mul(o, c.one_minus(o)));
+  Value grad_gates = b.concatenate({gi, gf, gg, go}, 1);
+  Value grad_cx = c.mul(gcy, f);
+  Value grad_bias = has_bias ? b.convert(c.bias_grad(grad_gates), out) : Value{};
+  return {b.convert(grad_gates, out), b.convert(grad_cx, out), grad_bias};
+}
+
+std::vector<Value> gru_cell(Builder& b, Value input_gates, Value hidden_gates, Value hx, const Value* input_bias,
+                            const Value* hidden_bias) {
+  DType out = b.dtype(input_gates);
+  Cell c{b, cell_dtype(out)};
+  Value gi = c.gates(input_gates, input_bias), gh = c.gates(hidden_gates, hidden_bias);
+  const int64_t n = b.dims(gi)[1] / 3;
+  Value r = c.sig(c.add(c.chunk(gi, 0, n), c.chunk(gh, 0, n)));
+  Value z = c.sig(c.add(c.chunk(gi, 1, n), c.chunk(gh, 1, n)));
+  Value hn = c.chunk(gh, 2, n);
+  Value cand = c.tanh(c.add(c.chunk(gi, 2, n), c.mul(r, hn)));
+  Value h = c.to(hx);
+  Value hy = c.add(cand, c.mul(z, c.sub(h, cand)));  // (1 - z) * n + z * hx
+  Value workspace = b.concatenate({r, z, cand, h, hn}, 1);
+  return {b.convert(hy, out), b.convert(workspace, out)};
+}
+
+std::vector<Value> gru_cell_backward(Builder& b, Value grad_hy, Value workspace, bool has_bias) {
+  DType out = b.dtype(workspace);
+  Cell c{b, cell_dtype(out)};
+  Value ws = c.to(workspace);
+  const int64_t n = b.dims(ws)[1] / 5;
+  Value r = c.chunk(ws, 0, n), z = c.chunk(ws, 1, n), cand = c.chunk(ws, 2, n), h = c.chunk(ws, 3, n),
+        hn = c.chunk(ws, 4, n);
+  Value g = c.to(grad_hy);
+  Value gz = c.mul(c.mul(g, c.sub(h, cand)), c.mul(z, c.one_minus(z)));
+  Value gn = c.mul(c.mul(g, c.one_minus(z)), c.one_minus(c.mul(cand, cand)));
+  Value gr = c.mul(c.mul(gn, hn), c.mul(r, c.one_minus(r)));
+  Value grad_input = b.concatenate({gr, gz, gn}, 1);
+  Value grad_hidden = b.concatenate({gr, gz, c.mul(gn, r)}, 1);
+  Value grad_hx = c.mul(g, z);
+  Value gib = has_bias ? b.convert(c.bias_grad(grad_input), out) : Value{};
+  Value ghb = has_bias ? b.convert(c.bias_grad(grad_hidden), out) : Value{};
+  return {b.convert(grad_input, out), b.convert(grad_hidden, out), b.convert(grad_hx, out), gib, ghb};
+}
+
 }  // namespace torch_pjrt::lowering

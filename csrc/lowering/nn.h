@@ -90,4 +90,19 @@ Value reduce_loss(Builder& b, Value loss, int64_t reduction);
 // Scales a loss gradient for `reduction` (grad is the scalar or elementwise upstream gradient).
 Value loss_grad_scale(Builder& b, Value grad, const std::vector<int64_t>& dims, int64_t reduction);
 
+// Recurrent cells over precomputed gate projections ([batch, k*hidden]; biases
+// [k*hidden] or null), PyTorch's gate order. LSTM (i, f, g, o): {hy, cy,
+// workspace = the activated gates}; its backward takes either gradient as null
+// (zero) and returns {grad_gates, grad_cx, grad_bias (sum over the batch, or
+// an empty value without bias)}. GRU (r, z, n): {hy, workspace = r, z, n, hx,
+// hn}; its backward returns {grad_input_gates, grad_hidden_gates, grad_hx,
+// grad_input_bias, grad_hidden_bias}.
+std::vector<Value> lstm_cell(Builder& b, Value input_gates, Value hidden_gates, Value cx, const Value* input_bias,
+                             const Value* hidden_bias);
+std::vector<Value> lstm_cell_backward(Builder& b, const Value* grad_hy, const Value* grad_cy, Value cx, Value cy,
+                                      Value workspace, bool has_bias);
+std::vector<Value> gru_cell(Builder& b, Value input_gates, Value hidden_gates, Value hx, const Value* input_bias,
+                            const Value* hidden_bias);
+std::vector<Value> gru_cell_backward(Builder& b, Value grad_hy, Value workspace, bool has_bias);
+
 }  // namespace torch_pjrt::lowering
