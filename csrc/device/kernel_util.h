@@ -27,6 +27,18 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
   return t;
 }
 
+// An out= variant's result: `result` (computed by the functional kernel)
+// resized into and written to `out`, refused as ATen refuses it when its
+// dtype cannot hold the result or it is on another device.
+inline at::Tensor& write_out(const char* op, const at::Tensor& result, at::Tensor& out) {
+  TORCH_CHECK(out.device() == result.device(), op, ": expected out on ", result.device(), ", got ", out.device());
+  TORCH_CHECK(c10::canCast(result.scalar_type(), out.scalar_type()), op, ": result type ", result.scalar_type(),
+              " can't be cast to the desired output type ", out.scalar_type());
+  at::native::resize_output(out, result.sizes());
+  out.copy_(result);
+  return out;
+}
+
 // Integer/bool inputs produce the default float dtype (torch's "int to float" ops).
 inline at::ScalarType float_result(at::ScalarType t) {
   return at::isIntegralType(t, /*includeBool=*/true) ? c10::typeMetaToScalarType(c10::get_default_dtype()) : t;

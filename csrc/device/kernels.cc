@@ -1178,10 +1178,7 @@ at::Tensor nonzero_fn(const at::Tensor& self) {
   return host.nonzero().to(self.device());
 }
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
-  at::Tensor r = nonzero_fn(self);
-  at::native::resize_output(out, r.sizes());
-  out.copy_(r);
-  return out;
+  return write_out("nonzero", nonzero_fn(self), out);
 }
 
 at::Tensor masked_select_fn(const at::Tensor& self, const at::Tensor& mask) {
@@ -1756,6 +1753,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addcdiv_", addcdiv_inplace);
   m.impl("addcdiv.out", addcdiv_out);
   m.impl("lerp.Scalar", lerp_s);
+  m.impl("lerp.Scalar_out", [](const at::Tensor& s, const at::Tensor& e, const at::Scalar& w,
+                               at::Tensor& out) -> at::Tensor& { return write_out("lerp", lerp_s(s, e, w), out); });
+  m.impl("lerp.Tensor_out", [](const at::Tensor& s, const at::Tensor& e, const at::Tensor& w,
+                               at::Tensor& out) -> at::Tensor& { return write_out("lerp", lerp_t(s, e, w), out); });
   m.impl("lerp_.Scalar", lerp_s_inplace);
   m.impl("lerp.Tensor", lerp_t);
   m.impl("lerp_.Tensor", lerp_t_inplace);
@@ -1785,13 +1786,57 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max.dim", max_dim);
   m.impl("min.dim", min_dim);
   m.impl("argmax", argmax_fn);
+  m.impl("argmax.out", [](const at::Tensor& s, std::optional<int64_t> d, bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("argmax", argmax_fn(s, d, k), out);
+  });
+  m.impl("argmin.out", [](const at::Tensor& s, std::optional<int64_t> d, bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("argmin", argmin_fn(s, d, k), out);
+  });
+  m.impl("max.unary_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
+    return write_out("max", max_all(s), out);
+  });
+  m.impl("min.unary_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
+    return write_out("min", min_all(s), out);
+  });
+  m.impl("max.dim_max", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
+    auto [v, i] = max_dim(s, d, k);
+    write_out("max", v, values);
+    write_out("max", i, indices);
+    return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
+  });
+  m.impl("min.dim_min", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
+    auto [v, i] = min_dim(s, d, k);
+    write_out("min", v, values);
+    write_out("min", i, indices);
+    return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
+  });
   m.impl("argmin", argmin_fn);
   m.impl("var.correction", var_fn);
+  m.impl("var.correction_out", [](const at::Tensor& s, at::OptionalIntArrayRef d, const std::optional<at::Scalar>& c,
+                                  bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("var", var_fn(s, d, c, k), out);
+  });
+  m.impl("std.correction_out", [](const at::Tensor& s, at::OptionalIntArrayRef d, const std::optional<at::Scalar>& c,
+                                  bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("std", std_fn(s, d, c, k), out);
+  });
   m.impl("std.correction", std_fn);
   m.impl("logsumexp", logsumexp_fn);
   m.impl("linalg_vector_norm", vector_norm_fn);
   m.impl("linalg_vector_norm.out", vector_norm_out);
   m.impl("all", all_fn);
+  m.impl("all.all_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
+    return write_out("all", all_fn(s), out);
+  });
+  m.impl("all.out", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("all", all_dim(s, d, k), out);
+  });
+  m.impl("any.all_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
+    return write_out("any", any_fn(s), out);
+  });
+  m.impl("any.out", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& out) -> at::Tensor& {
+    return write_out("any", any_dim(s, d, k), out);
+  });
   m.impl("any", any_fn);
   m.impl("all.dims", all_dims);
   m.impl("any.dims", any_dims);
@@ -1833,6 +1878,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("scatter.value", scatter_value);
   m.impl("scatter_.value", scatter_value_inplace);
   m.impl("scatter_add", scatter_add_fn);
+  m.impl("scatter_add.out", [](const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                               at::Tensor& out) -> at::Tensor& {
+    return write_out("scatter_add", scatter_add_fn(s, d, i, src), out);
+  });
   m.impl("scatter_add_", scatter_add_inplace);
   m.impl("index.Tensor", index_fn);
   m.impl("nonzero", nonzero_fn);
@@ -1842,6 +1891,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 
   m.impl("threshold_backward", threshold_backward_fn);
   m.impl("gelu", gelu_fn);
+  m.impl("gelu.out", [](const at::Tensor& s, c10::string_view a, at::Tensor& out) -> at::Tensor& {
+    return write_out("gelu", gelu_fn(s, a), out);
+  });
   m.impl("gelu_", gelu_inplace);
   m.impl("gelu_backward", gelu_backward_fn);
   m.impl("silu_backward", silu_backward_fn);

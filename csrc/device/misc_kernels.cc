@@ -1184,6 +1184,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("std_mean.correction", std_mean_fn);
   m.impl("var_mean.correction", var_mean_fn);
   m.impl("aminmax", aminmax_fn);
+  m.impl("aminmax.out", [](const at::Tensor& s, std::optional<int64_t> d, bool k, at::Tensor& lo, at::Tensor& hi) {
+    auto [mn, mx] = aminmax_fn(s, d, k);
+    write_out("aminmax", mn, lo);
+    write_out("aminmax", mx, hi);
+    return std::tuple<at::Tensor&, at::Tensor&>(lo, hi);
+  });
   m.impl("count_nonzero.dim_IntList", count_nonzero_fn);
   m.impl("trace", trace_fn);
   m.impl("mode", mode_fn);

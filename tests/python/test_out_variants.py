@@ -1,0 +1,75 @@
+"""out= variants run natively (no CPU fallback), resize their out tensor and
+refuse an out dtype that cannot hold the result, as CPU does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from conftest import assert_close
+
+import torch_pjrt
+
+
+def _x(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+IDX = torch.tensor([[0, 1, 2], [2, 0, 1]])
+CASES: dict[str, tuple[Callable[..., object], list[torch.Tensor], torch.dtype]] = {
+    "gelu": (lambda x, out: torch._C._nn.gelu(x, approximate="tanh", out=out), [_x(3, 4)], torch.float32),
+    "argmax": (lambda x, out: torch.argmax(x, 1, out=out), [_x(3, 4)], torch.int64),
+    "argmin": (lambda x, out: torch.argmin(x, out=out), [_x(3, 4)], torch.int64),
+    "max": (lambda x, out: torch.max(x, out=out), [_x(3, 4)], torch.float32),
+    "min": (lambda x, out: torch.min(x, out=out), [_x(3, 4)], torch.float32),
+    "var": (lambda x, out: torch.var(x, 0, correction=0, out=out), [_x(5, 3)], torch.float32),
+    "std": (lambda x, out: torch.std(x, 1, keepdim=True, out=out), [_x(5, 3)], torch.float32),
+    "all": (lambda x, out: torch.all(x > 0, 1, out=out), [_x(3, 4)], torch.bool),
+    "all (whole)": (lambda x, out: torch.all(x > -5, out=out), [_x(3, 4)], torch.bool),
+    "any": (lambda x, out: torch.any(x > 1, 0, out=out), [_x(3, 4)], torch.bool),
+    "any (whole)": (lambda x, out: torch.any(x > 1, out=out), [_x(3, 4)], torch.bool),
+    "lerp scalar": (lambda x, y, out: torch.lerp(x, y, 0.3, out=out), [_x(3, 4), _x(3, 4, seed=1)], torch.float32),
+    "lerp tensor": (lambda x, y, out: torch.lerp(x, y, y.sigmoid(), out=out), [_x(3, 4), _x(3, 4, seed=1)],
+                    torch.float32),
+    "scatter_add": (lambda x, s, out: torch.scatter_add(x, 1, IDX.to(x.device), s, out=out),
+                    [_x(2, 3), _x(2, 3, seed=2)], torch.float32),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_out_variant_matches_cpu_without_fallback(dev: torch.device, name: str) -> None:
+    fn, args, dtype = CASES[name]
+    want = torch.empty(7, dtype=dtype)
+    with pytest.warns(UserWarning, match="resized"):
+        fn(*args, out=want)
+    out = torch.empty(7, dtype=dtype, device=dev)  # the wrong size: resized with CPU's warning
+    with torch_pjrt.fallback_mode("error"), pytest.warns(UserWarning, match="resized"):
+        returned = fn(*[a.to(dev) for a in args], out=out)
+    assert returned.data_ptr() == out.data_ptr()
+    assert_close(out, want)
+
+
+def test_paired_out_variants(dev: torch.device) -> None:
+    x = _x(4, 5)
+    with torch_pjrt.fallback_mode("error"):
+        values, indices = torch.empty(0, device=dev), torch.empty(0, dtype=torch.int64, device=dev)
+        torch.max(x.to(dev), 1, out=(values, indices))
+        lo, hi = torch.empty(0, device=dev), torch.empty(0, device=dev)
+        torch.aminmax(x.to(dev), dim=0, out=(lo, hi))
+        mv, mi = torch.empty(0, device=dev), torch.empty(0, dtype=torch.int64, device=dev)
+        torch.min(x.to(dev), 0, keepdim=True, out=(mv, mi))
+    assert_close(values, x.max(1).values)
+    assert_close(indices, x.max(1).indices)
+    assert_close(lo, x.aminmax(dim=0).min)
+    assert_close(hi, x.aminmax(dim=0).max)
+    assert_close(mv, x.min(0, keepdim=True).values)
+    assert_close(mi, x.min(0, keepdim=True).indices)
+
+
+def test_an_out_dtype_that_cannot_hold_the_result_is_refused(dev: torch.device) -> None:
+    x = _x(3, 4)
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.var(x, 0, out=torch.empty(4, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="can't be cast"):
+        torch.var(x.to(dev), 0, out=torch.empty(4, dtype=torch.int64, device=dev))
