@@ -1874,6 +1874,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("gather", gather_fn);
   m.impl("gather.out", gather_out);
   m.impl("scatter.src", scatter_src);
+  m.impl("scatter.src_out", [](const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                               at::Tensor& out) -> at::Tensor& { return write_out("scatter", scatter_src(s, d, i, src), out); });
+  m.impl("scatter.value_out", [](const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v,
+                                 at::Tensor& out) -> at::Tensor& { return write_out("scatter", scatter_value(s, d, i, v), out); });
   m.impl("scatter_.src", scatter_src_inplace);
   m.impl("scatter.value", scatter_value);
   m.impl("scatter_.value", scatter_value_inplace);
@@ -1887,6 +1891,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nonzero", nonzero_fn);
   m.impl("nonzero.out", nonzero_out);
   m.impl("masked_select", masked_select_fn);
+  m.impl("masked_select.out", [](const at::Tensor& s, const at::Tensor& mask, at::Tensor& out) -> at::Tensor& {
+    return write_out("masked_select", masked_select_fn(s, mask), out);
+  });
   m.impl("_index_put_impl_", index_put_impl);
 
   m.impl("threshold_backward", threshold_backward_fn);

@@ -1166,14 +1166,26 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_scatter", masked_scatter_fn);
   m.impl("masked_scatter_", masked_scatter_inplace);
   m.impl("take", take_fn);
+  m.impl("take.out", [](const at::Tensor& s, const at::Tensor& i, at::Tensor& out) -> at::Tensor& {
+    return write_out("take", take_fn(s, i), out);
+  });
   m.impl("put", put_fn);
   m.impl("put_", put_inplace);
   m.impl("scatter_reduce.two", scatter_reduce_fn);
   m.impl("scatter_reduce_.two", scatter_reduce_inplace);
   m.impl("scatter_reduce.two_out", scatter_reduce_out);
   m.impl("searchsorted.Tensor", searchsorted_fn);
+  m.impl("searchsorted.Tensor_out", [](const at::Tensor& seq, const at::Tensor& v, bool i32, bool right,
+                                       std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter,
+                                       at::Tensor& out) -> at::Tensor& {
+    return write_out("searchsorted", searchsorted_fn(seq, v, i32, right, side, sorter), out);
+  });
   m.impl("searchsorted.Scalar", searchsorted_scalar_fn);
   m.impl("bucketize.Tensor", bucketize_fn);
+  m.impl("bucketize.Tensor_out", [](const at::Tensor& s, const at::Tensor& b, bool i32, bool right,
+                                    at::Tensor& out) -> at::Tensor& {
+    return write_out("bucketize", bucketize_fn(s, b, i32, right), out);
+  });
   m.impl("isin.Tensor_Tensor", isin_tt);
   m.impl("isin.Tensor_Tensor_out", isin_tt_out);
   m.impl("isin.Tensor_Scalar", isin_ts);
@@ -1201,6 +1213,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("addr", addr_fn);
   m.impl("addr.out", addr_out);
   m.impl("linalg_cross", linalg_cross_fn);
+  m.impl("linalg_cross.out", [](const at::Tensor& s, const at::Tensor& o, int64_t d, at::Tensor& out) -> at::Tensor& {
+    return write_out("linalg_cross", linalg_cross_fn(s, o, d), out);
+  });
   m.impl("stack", stack_fn);
   m.impl("slice_scatter", slice_scatter_fn);
   m.impl("select_scatter", select_scatter_fn);
@@ -1208,6 +1223,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("as_strided_scatter", as_strided_scatter_fn);
 
   m.impl("scatter.reduce", scatter_reduce_src);
+  m.impl("scatter.reduce_out", [](const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src,
+                                  c10::string_view r, at::Tensor& out) -> at::Tensor& {
+    return write_out("scatter", scatter_reduce_src(s, d, i, src, r), out);
+  });
+  m.impl("scatter.value_reduce_out", [](const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v,
+                                        c10::string_view r, at::Tensor& out) -> at::Tensor& {
+    return write_out("scatter", scatter_reduce_value(s, d, i, v, r), out);
+  });
   m.impl("scatter_.reduce", scatter_reduce_src_inplace);
   m.impl("scatter.value_reduce", scatter_reduce_value);
   m.impl("scatter_.value_reduce", scatter_reduce_value_inplace);

@@ -1399,6 +1399,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("max_pool3d_with_indices", max_pool3d_fn);
   m.impl("max_pool3d_with_indices_backward", max_pool3d_backward_fn);
   m.impl("avg_pool2d", avg_pool2d_fn);
+  m.impl("avg_pool2d.out", [](const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef st, c10::IntArrayRef p, bool c,
+                              bool cip, std::optional<int64_t> d, at::Tensor& out) -> at::Tensor& {
+    return write_out("avg_pool2d", avg_pool2d_fn(s, k, st, p, c, cip, d), out);
+  });
+  m.impl("avg_pool3d.out", [](const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef st, c10::IntArrayRef p, bool c,
+                              bool cip, std::optional<int64_t> d, at::Tensor& out) -> at::Tensor& {
+    return write_out("avg_pool3d", avg_pool3d_fn(s, k, st, p, c, cip, d), out);
+  });
   m.impl("avg_pool2d_backward", avg_pool2d_backward_fn);
   m.impl("avg_pool3d", avg_pool3d_fn);
   m.impl("avg_pool3d_backward", avg_pool3d_backward_fn);
@@ -1463,6 +1471,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("topk", topk_fn);
   m.impl("topk.values", topk_out);
   m.impl("kthvalue", kthvalue_fn);
+  m.impl("kthvalue.values", [](const at::Tensor& s, int64_t k, int64_t d, bool keep, at::Tensor& values,
+                               at::Tensor& indices) {
+    auto [v, i] = kthvalue_fn(s, k, d, keep);
+    write_out("kthvalue", v, values);
+    write_out("kthvalue", i, indices);
+    return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
+  });
   m.impl("median", median_all_fn);
   m.impl("median.dim", median_dim_fn);
   m.impl("nanmedian", nanmedian_all_fn);

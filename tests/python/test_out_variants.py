@@ -34,6 +34,24 @@ CASES: dict[str, tuple[Callable[..., object], list[torch.Tensor], torch.dtype]] 
                     torch.float32),
     "scatter_add": (lambda x, s, out: torch.scatter_add(x, 1, IDX.to(x.device), s, out=out),
                     [_x(2, 3), _x(2, 3, seed=2)], torch.float32),
+    "scatter src": (lambda x, s, out: torch.scatter(x, 1, IDX.to(x.device), s, out=out),
+                    [_x(2, 3), _x(2, 3, seed=2)], torch.float32),
+    "scatter value": (lambda x, out: torch.scatter(x, 1, IDX.to(x.device), 2.5, out=out), [_x(2, 3)], torch.float32),
+    "scatter reduce": (lambda x, s, out: torch.scatter(x, 1, IDX.to(x.device), s, reduce="multiply", out=out),
+                       [_x(2, 3), _x(2, 3, seed=2)], torch.float32),
+    "scatter value reduce": (lambda x, out: torch.scatter(x, 1, IDX.to(x.device), 2.0, reduce="add", out=out),
+                             [_x(2, 3)], torch.float32),
+    "take": (lambda x, out: torch.take(x, torch.tensor([0, 5, 11], device=x.device), out=out), [_x(3, 4)],
+             torch.float32),
+    "masked_select": (lambda x, out: torch.masked_select(x, x > 0, out=out), [_x(3, 4)], torch.float32),
+    "bucketize": (lambda x, out: torch.bucketize(x, torch.tensor([-1.0, 0.0, 1.0], device=x.device), out=out),
+                  [_x(3, 4)], torch.int64),
+    "searchsorted": (lambda x, out: torch.searchsorted(torch.tensor([-1.0, 0.0, 1.0], device=x.device), x,
+                                                       right=True, out=out), [_x(3, 4)], torch.int64),
+    "linalg_cross": (lambda x, y, out: torch.linalg.cross(x, y, out=out), [_x(4, 3), _x(4, 3, seed=1)],
+                     torch.float32),
+    "avg_pool2d": (lambda x, out: torch._C._nn.avg_pool2d(x, 2, out=out), [_x(1, 2, 4, 4)], torch.float32),
+    "avg_pool3d": (lambda x, out: torch._C._nn.avg_pool3d(x, 2, out=out), [_x(1, 1, 4, 4, 4)], torch.float32),
 }
 
 
@@ -59,6 +77,10 @@ def test_paired_out_variants(dev: torch.device) -> None:
         torch.aminmax(x.to(dev), dim=0, out=(lo, hi))
         mv, mi = torch.empty(0, device=dev), torch.empty(0, dtype=torch.int64, device=dev)
         torch.min(x.to(dev), 0, keepdim=True, out=(mv, mi))
+        kv, ki = torch.empty(0, device=dev), torch.empty(0, dtype=torch.int64, device=dev)
+        torch.kthvalue(x.to(dev), 2, 1, out=(kv, ki))
+    assert_close(kv, x.kthvalue(2, 1).values)
+    assert_close(ki, x.kthvalue(2, 1).indices)
     assert_close(values, x.max(1).values)
     assert_close(indices, x.max(1).indices)
     assert_close(lo, x.aminmax(dim=0).min)
