@@ -1312,6 +1312,12 @@ at::Tensor nll_loss2d_backward_fn(const at::Tensor& grad, const at::Tensor& self
 // nn.LSTM / nn.GRU (and their cells) call these with the gate projections done.
 namespace {
 bool defined(const std::optional<at::Tensor>& t) { return t && t->defined(); }
+// An optional operand: its value in `slot`, or null when absent.
+const Value* optional_input(OpBuilder& op, const std::optional<at::Tensor>& t, Value* slot) {
+  if (!defined(t)) return nullptr;
+  *slot = op.input(*t);
+  return slot;
+}
 
 void check_cell(const char* name, const at::Tensor& input_gates, const at::Tensor& hidden_gates,
                 const at::Tensor& state, int64_t gates) {
@@ -1328,10 +1334,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
   check_cell("_thnn_fused_lstm_cell", input_gates, hidden_gates, cx, 4);
   OpBuilder op("aten::_thnn_fused_lstm_cell");
   Value ib, hb;
-  if (defined(input_bias)) ib = op.input(*input_bias);
-  if (defined(hidden_bias)) hb = op.input(*hidden_bias);
   auto r = L::lstm_cell(op.b(), op.input(input_gates), op.input(hidden_gates), op.input(cx),
-                        ib.valid() ? &ib : nullptr, hb.valid() ? &hb : nullptr);
+                        optional_input(op, input_bias, &ib), optional_input(op, hidden_bias, &hb));
   const auto dtype = input_gates.scalar_type();
   at::Tensor hy = op.output(r[0], dtype), cy = op.output(r[1], dtype), workspace = op.output(r[2], dtype);
   op.run();
@@ -1344,10 +1348,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell_backward_imp
   if (!defined(grad_hy) && !defined(grad_cy)) return {at::Tensor(), at::Tensor(), at::Tensor()};
   OpBuilder op("aten::_thnn_fused_lstm_cell_backward_impl");
   Value ghy, gcy;
-  if (defined(grad_hy)) ghy = op.input(*grad_hy);
-  if (defined(grad_cy)) gcy = op.input(*grad_cy);
-  auto r = L::lstm_cell_backward(op.b(), ghy.valid() ? &ghy : nullptr, gcy.valid() ? &gcy : nullptr, op.input(cx),
-                                 op.input(cy), op.input(workspace), has_bias);
+  auto r = L::lstm_cell_backward(op.b(), optional_input(op, grad_hy, &ghy), optional_input(op, grad_cy, &gcy),
+                                 op.input(cx), op.input(cy), op.input(workspace), has_bias);
   const auto dtype = workspace.scalar_type();
   at::Tensor grad_gates = op.output(r[0], dtype), grad_cx = op.output(r[1], dtype);
   at::Tensor grad_bias = has_bias ? op.output(r[2], dtype) : at::Tensor();
@@ -1362,10 +1364,8 @@ std::tuple<at::Tensor, at::Tensor> thnn_fused_gru_cell(const at::Tensor& input_g
   check_cell("_thnn_fused_gru_cell", input_gates, hidden_gates, hx, 3);
   OpBuilder op("aten::_thnn_fused_gru_cell");
   Value ib, hb;
-  if (defined(input_bias)) ib = op.input(*input_bias);
-  if (defined(hidden_bias)) hb = op.input(*hidden_bias);
   auto r = L::gru_cell(op.b(), op.input(input_gates), op.input(hidden_gates), op.input(hx),
-                       ib.valid() ? &ib : nullptr, hb.valid() ? &hb : nullptr);
+                       optional_input(op, input_bias, &ib), optional_input(op, hidden_bias, &hb));
   const auto dtype = input_gates.scalar_type();
   at::Tensor hy = op.output(r[0], dtype), workspace = op.output(r[1], dtype);
   op.run();

@@ -453,6 +453,10 @@ void check_tensors(const char* op, const std::vector<at::Tensor>& tensors, int e
   }
 }
 
+void check_root(const char* op, int64_t root, int size) {
+  TORCH_CHECK(root >= 0 && root < size, "pjrt ", op, ": root ", root, " is not a rank of this group of ", size);
+}
+
 void check_same(const char* op, const at::Tensor& t, const at::Tensor& like, const char* what) {
   TORCH_CHECK(t.scalar_type() == like.scalar_type() && t.numel() == like.numel(), "pjrt ", op, ": ", what, " is ",
               describe(t.scalar_type(), t.sizes()), ", expected ", describe(like.scalar_type(), like.sizes()));
@@ -612,8 +616,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::endCoalescing() {
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::broadcast(std::vector<at::Tensor>& tensors,
                                                            const c10d::BroadcastOptions& opts) {
   check_tensors("broadcast", tensors, 1);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "pjrt broadcast: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root("broadcast", opts.rootRank, size_);
   agree({c10d::OpType::BROADCAST, tensors, opts.rootRank});
   flush_pending();
   transported("broadcast", [&] { return transport_->broadcast(tensors[0], static_cast<int>(opts.rootRank)); });
@@ -653,8 +656,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allreduce_coalesced(std::vector
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::reduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::ReduceOptions& opts) {
   check_tensors("reduce", tensors, 1);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "pjrt reduce: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root("reduce", opts.rootRank, size_);
   const RedOp op = base_op("reduce", opts.reduceOp, tensors[0].scalar_type());
   agree({c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_});
   flush_pending();
@@ -725,8 +727,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::gather(std::vector<std::vector<
                                                         std::vector<at::Tensor>& inputs,
                                                         const c10d::GatherOptions& opts) {
   check_tensors("gather", inputs, 1);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "pjrt gather: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root("gather", opts.rootRank, size_);
   const bool is_root = rank_ == opts.rootRank;
   if (is_root) {
     TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == size_,
@@ -750,8 +751,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::scatter(std::vector<at::Tensor>
                                                          std::vector<std::vector<at::Tensor>>& inputs,
                                                          const c10d::ScatterOptions& opts) {
   check_tensors("scatter", outputs, 1);
-  TORCH_CHECK(opts.rootRank >= 0 && opts.rootRank < size_, "pjrt scatter: root ", opts.rootRank,
-              " is not a rank of this group of ", size_);
+  check_root("scatter", opts.rootRank, size_);
   const bool is_root = rank_ == opts.rootRank;
   at::Tensor flat;
   if (is_root) {

@@ -78,6 +78,9 @@ class Findings:
         known.count += finding.count
         return known
 
+    def remove(self, finding: Finding) -> None:
+        self._by_key.pop((finding.level, finding.kind, finding.file, finding.line, finding.message), None)
+
     def all(self) -> list[Finding]:
         return sorted(self._by_key.values(), key=lambda f: (f.level, f.kind, f.file or "", f.line or 0))
 

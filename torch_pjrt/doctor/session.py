@@ -124,4 +124,4 @@ def _drop_source_twins(findings: Findings) -> None:
     met = {(f.file, f.line) for f in findings.all() if f.kind == "cuda_call"}
     for f in findings.all():
         if f.kind == "cuda_source" and (f.file, f.line) in met:
-            findings._by_key.pop((f.level, f.kind, f.file, f.line, f.message), None)
+            findings.remove(f)
