@@ -34,6 +34,8 @@ ir::DType to_ir(at::ScalarType t) {
     case at::kBFloat16: return DType::BF16;
     case at::kFloat: return DType::F32;
     case at::kDouble: return DType::F64;
+    case at::kComplexFloat: return DType::C64;
+    case at::kComplexDouble: return DType::C128;
     default:
       TORCH_CHECK_TYPE(false, "pjrt: dtype ", t, " is not supported on the pjrt device");
   }
@@ -54,6 +56,8 @@ at::ScalarType to_aten(ir::DType d) {
     case DType::BF16: return at::kBFloat16;
     case DType::F32: return at::kFloat;
     case DType::F64: return at::kDouble;
+    case DType::C64: return at::kComplexFloat;
+    case DType::C128: return at::kComplexDouble;
   }
   return at::kFloat;
 }
@@ -645,6 +649,7 @@ Value OpBuilder::input(const at::Tensor& t) {
     TORCH_CHECK(t.device().is_cpu(), "pjrt: ", op_, ": cannot mix pjrt and ", t.device(), " tensors");
     TORCH_CHECK(t.dim() == 0, "pjrt: ", op_, ": expected all tensors on the pjrt device, but got a CPU tensor with shape ",
                 t.sizes(), " (move it with .to('pjrt'))");
+    if (ir::is_complex(T)) return scalar(t.item(), t.scalar_type());  // two real scalars
     at::Tensor c = t.contiguous();
     return scalar_param(T, c.data_ptr());
   }
@@ -780,6 +785,12 @@ Value OpBuilder::scalar_param(DType dtype, const void* bytes) {
 
 Value OpBuilder::scalar(const at::Scalar& s, at::ScalarType dtype) {
   DType T = to_ir(dtype);
+  if (ir::is_complex(T)) {
+    // Two real runtime scalars, paired on the device.
+    c10::complex<double> z = s.toComplexDouble();
+    at::ScalarType part = at::toRealValueType(dtype);
+    return builder_.complex(scalar(z.real(), part), scalar(z.imag(), part));
+  }
   // Convert on the host with torch's own rules (fill_'s Scalar::to), then ship the bytes.
   alignas(8) unsigned char bytes[8] = {0};
   auto put = [&](auto v) { std::memcpy(bytes, &v, sizeof(v)); };

@@ -24,6 +24,9 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   OpBuilder op(std::string("aten::") + name);
   at::ScalarType out = to_bool ? at::kBool : (to_float ? float_result(self.scalar_type()) : self.scalar_type());
   at::ScalarType compute = to_bool ? self.scalar_type() : out;
+  if (self.is_complex() && (std::strcmp(name, "abs") == 0 || std::strcmp(name, "angle") == 0)) {
+    out = at::toRealValueType(self.scalar_type());  // |z| and arg z are real
+  }
   if (into && !to_bool) {
     TORCH_CHECK(at::canCast(out, into->scalar_type()), "pjrt: ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
@@ -679,7 +682,7 @@ at::Tensor& sum_out(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, std:
 at::Tensor mean_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                      std::optional<at::ScalarType> dtype, const at::Tensor* into) {
   at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type());
-  TORCH_CHECK(at::isFloatingType(out), "mean(): could not infer output dtype. Input dtype must be either a floating "
+  TORCH_CHECK(at::isFloatingType(out) || at::isComplexType(out), "mean(): could not infer output dtype. Input dtype must be either a floating "
               "point or complex dtype. Got: ", out);
   OpBuilder op("aten::mean");
   Value r = L::mean(op.b(), op.input(self), reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));

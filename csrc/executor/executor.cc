@@ -66,6 +66,8 @@ runtime::ElementType to_pjrt(ir::DType d) {
     case ir::DType::BF16: return PJRT_Buffer_Type_BF16;
     case ir::DType::F32: return PJRT_Buffer_Type_F32;
     case ir::DType::F64: return PJRT_Buffer_Type_F64;
+    case ir::DType::C64: return PJRT_Buffer_Type_C64;
+    case ir::DType::C128: return PJRT_Buffer_Type_C128;
   }
   return PJRT_Buffer_Type_INVALID;
 }
@@ -85,6 +87,8 @@ ir::DType from_pjrt(runtime::ElementType t) {
     case PJRT_Buffer_Type_BF16: return ir::DType::BF16;
     case PJRT_Buffer_Type_F32: return ir::DType::F32;
     case PJRT_Buffer_Type_F64: return ir::DType::F64;
+    case PJRT_Buffer_Type_C64: return ir::DType::C64;
+    case PJRT_Buffer_Type_C128: return ir::DType::C128;
     default: throw runtime::PjrtError(runtime::ErrorCode::kInvalidArgument, "unsupported PJRT type");
   }
 }

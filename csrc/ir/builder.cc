@@ -58,6 +58,10 @@ std::string float_literal(DType dtype, double value) {
 }  // namespace
 
 Value Builder::constant(DType dtype, double value, const std::vector<int64_t>& dims) {
+  if (is_complex(dtype)) {
+    // value + 0i: a real constant widened (XLA folds the convert).
+    return g_.add("stablehlo.convert", {constant(component_type(dtype), value, dims)}, Type{dtype, dims});
+  }
   if (!is_floating(dtype)) {
     if (dtype == DType::Pred) return constant_int(dtype, value != 0.0, dims);
     return constant_int(dtype, static_cast<int64_t>(value), dims);
@@ -120,6 +124,14 @@ Value Builder::iota(DType dtype, const std::vector<int64_t>& dims, int64_t dim) 
 
 Value Builder::convert(Value v, DType dtype) {
   if (this->dtype(v) == dtype) return v;
+  if (is_complex(this->dtype(v)) && !is_complex(dtype)) {
+    // torch's complex -> real cast keeps the real part (XLA has no such convert).
+    if (dtype == DType::Pred) {
+      Value zero = scalar_like(v, 0);
+      return compare(v, zero, "NE");
+    }
+    return convert(real(v), dtype);
+  }
   if (dtype == DType::Pred) {
     // Non-zero is true, as in torch (a plain convert would do the same, but be explicit).
     return compare(v, scalar_like(v, 0), "NE");
@@ -134,6 +146,19 @@ Value Builder::convert(Value v, DType dtype) {
 Value Builder::bitcast_flat(Value flat, DType dtype) {
   DType from = this->dtype(flat);
   if (from == dtype) return flat;
+  // XLA cannot bitcast complex values: split them into (real, imag) pairs of
+  // their component type, or pair up components, and bitcast those.
+  if (is_complex(from)) {
+    int64_t n = dims(flat)[0];
+    Value pairs = concatenate({reshape(real(flat), {n, 1}), reshape(imag(flat), {n, 1})}, 1);
+    return bitcast_flat(reshape(pairs, {2 * n}), dtype);
+  }
+  if (is_complex(dtype)) {
+    Value parts = bitcast_flat(flat, component_type(dtype));
+    int64_t m = dims(parts)[0] / 2;
+    Value pairs = reshape(parts, {m, 2});
+    return complex(reshape(slice_dim(pairs, 1, 0, 1), {m}), reshape(slice_dim(pairs, 1, 1, 2), {m}));
+  }
   if (from == DType::Pred || dtype == DType::Pred) {
     // i1 has no bit pattern in XLA; bool <-> uint8/int8 reinterpret as 0/1.
     if (dtype == DType::Pred) return convert(flat, dtype);
@@ -249,6 +274,7 @@ Value Builder::reverse(Value v, const std::vector<int64_t>& rdims) {
 
 Value Builder::unary(const std::string& op, Value v) {
   if (op == "is_finite") return g_.add("stablehlo.is_finite", {v}, Type{DType::Pred, dims(v)});
+  if (op == "abs" && is_complex(dtype(v))) return g_.add("stablehlo.abs", {v}, Type{component_type(dtype(v)), dims(v)});
   if (op.find('.') != std::string::npos) return g_.add(op, {v}, type(v));
   return g_.add("stablehlo." + op, {v}, type(v));
 }
@@ -259,6 +285,43 @@ Value Builder::binary(const std::string& op, Value a, Value b) {
   }
   std::string name = op.find('.') != std::string::npos ? op : "stablehlo." + op;
   return g_.add(name, {a, b}, type(a));
+}
+
+Value Builder::real(Value v) {
+  if (!is_complex(dtype(v))) return v;
+  return g_.add("stablehlo.real", {v}, Type{component_type(dtype(v)), dims(v)});
+}
+
+Value Builder::imag(Value v) {
+  if (!is_complex(dtype(v))) return scalar_like(v, 0);
+  return g_.add("stablehlo.imag", {v}, Type{component_type(dtype(v)), dims(v)});
+}
+
+Value Builder::complex(Value re, Value im) {
+  if (!(type(re) == type(im))) {
+    throw std::invalid_argument("ir: complex parts differ: " + type(re).str() + " vs " + type(im).str());
+  }
+  return g_.add("stablehlo.complex", {re, im}, Type{complex_of(dtype(re)), dims(re)});
+}
+
+Value Builder::conj(Value v) {
+  if (!is_complex(dtype(v))) return v;
+  return complex(real(v), unary("negate", imag(v)));
+}
+
+Value Builder::fft(Value v, const std::string& fft_type, const std::vector<int64_t>& lengths) {
+  std::vector<int64_t> out = dims(v);
+  DType dt = dtype(v);
+  size_t r = out.size();
+  if (fft_type == "RFFT") {
+    out[r - 1] = lengths.back() / 2 + 1;
+    dt = complex_of(dt);
+  } else if (fft_type == "IRFFT") {
+    out[r - 1] = lengths.back();
+    dt = component_type(dt);
+  }
+  return g_.add("stablehlo.fft", {v}, Type{dt, out},
+                "fft_type = #stablehlo<fft_type " + fft_type + ">, fft_length = " + i64_array(lengths));
 }
 
 Value Builder::compare(Value a, Value b, const std::string& direction) {

@@ -57,6 +57,14 @@ class Builder {
   // "exponential", "log", "negate" ... (stablehlo); a dotted name ("chlo.lgamma") is used as is.
   Value unary(const std::string& op, Value v);
   Value binary(const std::string& op, Value a, Value b);  // same shapes and dtypes
+  // Complex parts: real/imag of a real value are the value and zeros.
+  Value real(Value v);
+  Value imag(Value v);
+  Value complex(Value re, Value im);  // f32 parts -> c64, f64 -> c128
+  Value conj(Value v);                // identity on real values
+  // stablehlo.fft over the trailing len(lengths) dims; type FFT, IFFT, RFFT
+  // or IRFFT (XLA's IFFT and IRFFT divide by the transform size).
+  Value fft(Value v, const std::string& fft_type, const std::vector<int64_t>& lengths);
   // Compare: direction EQ NE LT LE GT GE; result i1.
   Value compare(Value a, Value b, const std::string& direction);
   Value select(Value pred, Value on_true, Value on_false);

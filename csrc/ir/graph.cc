@@ -22,6 +22,8 @@ const char* dtype_name(DType d) {
     case DType::BF16: return "bf16";
     case DType::F32: return "f32";
     case DType::F64: return "f64";
+    case DType::C64: return "complex<f32>";
+    case DType::C128: return "complex<f64>";
   }
   return "?";
 }
@@ -38,6 +40,7 @@ size_t dtype_size(DType d) {
     case DType::S32:
     case DType::U32:
     case DType::F32: return 4;
+    case DType::C128: return 16;
     default: return 8;
   }
 }
@@ -45,6 +48,13 @@ size_t dtype_size(DType d) {
 bool is_floating(DType d) {
   return d == DType::F16 || d == DType::BF16 || d == DType::F32 || d == DType::F64;
 }
+bool is_complex(DType d) { return d == DType::C64 || d == DType::C128; }
+DType component_type(DType d) {
+  if (d == DType::C64) return DType::F32;
+  if (d == DType::C128) return DType::F64;
+  return d;
+}
+DType complex_of(DType real) { return real == DType::F64 || real == DType::C128 ? DType::C128 : DType::C64; }
 bool is_signed_int(DType d) {
   return d == DType::S8 || d == DType::S16 || d == DType::S32 || d == DType::S64;
 }

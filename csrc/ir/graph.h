@@ -9,11 +9,15 @@
 
 namespace torch_pjrt::ir {
 
-enum class DType { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64 };
+enum class DType { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, C64, C128 };
 
 const char* dtype_name(DType dtype);  // MLIR spelling: f32, i64, ui8, i1 ...
 size_t dtype_size(DType dtype);       // bytes per element as stored by torch
-bool is_floating(DType dtype);
+bool is_floating(DType dtype);  // real floating types only
+bool is_complex(DType dtype);
+// The real type of a complex type's components (f32 for c64); other types map to themselves.
+DType component_type(DType dtype);
+DType complex_of(DType real);  // c64 for f32 (and narrower), c128 for f64
 bool is_signed_int(DType dtype);
 bool is_unsigned_int(DType dtype);
 

@@ -4,6 +4,7 @@
 #include <functional>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <stdexcept>
 
 namespace torch_pjrt::lowering {
@@ -379,9 +380,43 @@ Value erf(Builder& b, Value x) {
   return b.convert(b.unary("chlo.erf", b.convert(x, acc_type(d))), d);
 }
 
+namespace {
+// Complex inputs: the ops whose real lowering does not carry over.
+std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x) {
+  Value re = b.real(x), im = b.imag(x);
+  auto either = [&](const std::string& pred) {
+    const auto& f = unary_table().at(pred);
+    return b.binary("or", f(b, re), f(b, im));
+  };
+  if (name == "angle") return b.binary("atan2", im, re);
+  if (name == "sgn") {
+    // z / |z|, and 0 at 0.
+    Value mag = b.unary("abs", x);
+    Value zero = b.scalar_like(mag, 0);
+    Value is_zero = b.compare(mag, zero, "EQ");
+    Value safe = b.select(is_zero, b.scalar_like(mag, 1), mag);
+    Value r = b.complex(b.binary("divide", re, safe), b.binary("divide", im, safe));
+    return b.select(is_zero, b.scalar_like(x, 0), r);
+  }
+  if (name == "isnan" || name == "isinf") return either(name);
+  if (name == "isfinite") return b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));
+  if (name == "isposinf" || name == "isneginf" || name == "sign" || name == "floor" || name == "ceil" ||
+      name == "round" || name == "trunc" || name == "frac" || name == "relu" || name == "erf" || name == "signbit" ||
+      name == "asin" || name == "acos" || name == "atan" || name == "atan2") {
+    throw std::invalid_argument(name + " is not supported for complex inputs");
+  }
+  return std::nullopt;
+}
+}  // namespace
+
 Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out) {
   auto it = unary_table().find(name);
   if (it == unary_table().end()) throw std::invalid_argument("no lowering for unary op " + name);
+  if (ir::is_complex(compute)) {
+    Value xc = b.convert(x, compute);
+    if (auto r = complex_unary(b, name, xc)) return b.convert(*r, out);
+    return b.convert(it->second(b, xc), out);
+  }
   if (!ir::is_floating(compute)) {
     // Integers and bools: sign of bool/unsigned is "non-zero"; nothing is infinite or NaN.
     if ((name == "sign" || name == "sgn") && (compute == DType::Pred || ir::is_unsigned_int(compute))) {
@@ -406,6 +441,72 @@ Value binary(Builder& b, const std::string& name, Value x, Value y, DType comput
   Value xc = b.broadcast_to(b.convert(x, compute), shape);
   Value yc = b.broadcast_to(b.convert(y, compute), shape);
   return b.convert(it->second(b, xc, yc), out);
+}
+
+namespace {
+// Complex transforms (FFT or IFFT) along `dims` of v, at most 3 at a time (XLA's
+// limit): each group is moved last, transformed, and moved back.
+Value fft_complex_dims(Builder& b, Value v, std::vector<int64_t> dims, const std::string& type) {
+  int64_t rank = b.type(v).rank();
+  while (!dims.empty()) {
+    size_t take = std::min<size_t>(3, dims.size());
+    std::vector<int64_t> group(dims.end() - take, dims.end());
+    dims.resize(dims.size() - take);
+    std::vector<int64_t> perm, lengths;
+    for (int64_t d = 0; d < rank; ++d)
+      if (std::find(group.begin(), group.end(), d) == group.end()) perm.push_back(d);
+    for (int64_t d : group) {
+      perm.push_back(d);
+      lengths.push_back(b.dims(v)[d]);
+    }
+    std::vector<int64_t> inv(rank);
+    for (int64_t i = 0; i < rank; ++i) inv[perm[i]] = i;
+    v = b.transpose(b.fft(b.transpose(v, perm), type, lengths), inv);
+  }
+  return v;
+}
+
+// One-sided real transform along `dim` (RFFT) or its inverse to `length` (IRFFT).
+Value fft_real_dim(Builder& b, Value v, int64_t dim, const std::string& type, int64_t length) {
+  int64_t rank = b.type(v).rank();
+  std::vector<int64_t> perm;
+  for (int64_t d = 0; d < rank; ++d)
+    if (d != dim) perm.push_back(d);
+  perm.push_back(dim);
+  std::vector<int64_t> inv(rank);
+  for (int64_t i = 0; i < rank; ++i) inv[perm[i]] = i;
+  return b.transpose(b.fft(b.transpose(v, perm), type, {length}), inv);
+}
+}  // namespace
+
+Value fft(Builder& b, Value x, std::vector<int64_t> dims, const std::string& kind, bool forward,
+          int64_t normalization, int64_t last_dim_size) {
+  int64_t rank = b.type(x).rank();
+  for (auto& d : dims) d = d < 0 ? d + rank : d;  // order matters (the last is halved): not sorted
+  if (kind == "r2c" && b.dtype(x) != DType::F64) x = b.convert(x, DType::F32);
+  if (kind != "r2c" && !ir::is_complex(b.dtype(x))) x = b.convert(x, ir::complex_of(b.dtype(x)));
+  if (dims.empty()) return kind == "r2c" ? b.convert(x, ir::complex_of(b.dtype(x))) : x;
+  double n = 1;  // the signal size: the real length along the halved dim
+  for (size_t i = 0; i < dims.size(); ++i) {
+    bool last = i + 1 == dims.size();
+    n *= static_cast<double>(kind == "c2r" && last ? last_dim_size : b.dims(x)[dims[i]]);
+  }
+  std::vector<int64_t> leading(dims.begin(), dims.end() - 1);
+  Value v;
+  if (kind == "r2c") {
+    v = fft_real_dim(b, x, dims.back(), "RFFT", b.dims(x)[dims.back()]);
+    v = fft_complex_dims(b, v, leading, "FFT");
+  } else if (kind == "c2r") {
+    v = fft_complex_dims(b, x, leading, "IFFT");
+    v = fft_real_dim(b, v, dims.back(), "IRFFT", last_dim_size);
+  } else {
+    v = fft_complex_dims(b, x, dims, forward ? "FFT" : "IFFT");
+  }
+  // XLA's inverse transforms already divide by their sizes (n in all).
+  double scale = normalization == 1 ? 1.0 / std::sqrt(n) : normalization == 2 ? 1.0 / n : 1.0;
+  if (kind == "c2r" || (kind == "c2c" && !forward)) scale *= n;
+  if (scale != 1.0) v = b.binary("multiply", v, b.scalar_like(v, scale));
+  return v;
 }
 
 Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract) {

@@ -57,6 +57,13 @@ Value matmul_2d(Builder& b, Value x, Value y, DType out);  // [n,k]x[k,m]
 Value bmm(Builder& b, Value x, Value y, DType out);        // [b,n,k]x[b,k,m]
 Value dot(Builder& b, Value x, Value y, DType out);
 
+// Discrete Fourier transforms over `dims` (ATen's _fft_* contract): kind "c2c"
+// (forward or inverse), "r2c" (one-sided: the last of dims is halved) or "c2r"
+// (last_dim_size: the real length of the last of dims). normalization: 0 none,
+// 1 by 1/sqrt(n), 2 by 1/n, n the product of the transformed (signal) sizes.
+Value fft(Builder& b, Value x, std::vector<int64_t> dims, const std::string& kind, bool forward,
+          int64_t normalization, int64_t last_dim_size);
+
 // Shapes and indexing.
 Value cat(Builder& b, const std::vector<Value>& xs, int64_t dim, DType out);
 Value index_select(Builder& b, Value x, int64_t dim, Value index);
