@@ -1497,6 +1497,10 @@ at::Tensor mse_backward_fn(const at::Tensor& grad, const at::Tensor& self, const
 
 
 at::Tensor& uniform_fn(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
+  if (self.is_complex()) {  // as torch: each part uniform on [from, to)
+    at::Tensor parts = at::view_as_real(self);
+    return uniform_fn(parts, from, to, gen), self;
+  }
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "uniform_ only supports floating point dtypes, got ", self.scalar_type());
   TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from, " > to=", to);
   OpBuilder op("aten::uniform_");
@@ -1512,6 +1516,12 @@ at::Tensor& uniform_fn(at::Tensor& self, double from, double to, std::optional<a
 }
 
 at::Tensor& normal_fn(at::Tensor& self, double mean, double std, std::optional<at::Generator> gen) {
+  if (self.is_complex()) {
+    // As torch: both parts normal with variance std^2 / 2 (a view of the same storage).
+    at::Tensor parts = at::view_as_real(self);
+    normal_fn(parts, mean, std / std::sqrt(2.0), gen);
+    return self;
+  }
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "normal_ only supports floating point dtypes");
   TORCH_CHECK(std >= 0.0, "normal expects std >= 0.0, but found std ", std);
   OpBuilder op("aten::normal_");

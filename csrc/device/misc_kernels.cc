@@ -706,21 +706,55 @@ at::Tensor unfold_backward_fn(const at::Tensor& grad, c10::IntArrayRef input_siz
   auto& b = op.b();
   Value g = op.input(grad);
   if (rank == 0) return finish(op, b.reshape(g, {}), grad.scalar_type(), nullptr);
+  // Overlap-add: window w's element k lands at w * step + k. Windows padded to
+  // r = ceil(size / step) blocks of `step` put block j of window w at block
+  // w + j, so the result is r shifted copies summed: O(r * elements), no
+  // [in x windows*size] matrix (an istft has 10^5 windows' worth).
   int64_t windows = grad.size(d);
-  // [.., windows, .., size] -> [.., windows * size, ..]
-  std::vector<int64_t> perm;
-  for (int64_t i = 0; i < rank; ++i) {
-    perm.push_back(i);
-    if (i == d) perm.push_back(rank);
+  int64_t blocks = (size + step - 1) / step;
+  std::vector<int64_t> perm;  // [rest..., windows, size]
+  for (int64_t i = 0; i < rank; ++i)
+    if (i != d) perm.push_back(i);
+  perm.push_back(d);
+  perm.push_back(rank);
+  g = b.convert(b.transpose(g, perm), L::accumulate_type(b.dtype(g)));
+  std::vector<int64_t> shape = b.dims(g);
+  int64_t lead = rank - 1;
+  std::vector<int64_t> zeros(shape.size(), 0), high(shape.size(), 0);
+  high.back() = blocks * step - size;
+  g = b.pad(g, b.constant(b.dtype(g), 0), zeros, high, zeros);
+  std::vector<int64_t> split(shape.begin(), shape.end() - 1);
+  split.push_back(blocks);
+  split.push_back(step);
+  g = b.reshape(g, split);  // [rest..., windows, blocks, step]
+  Value sum;
+  for (int64_t j = 0; j < blocks; ++j) {
+    Value piece = b.reshape(b.slice_dim(g, lead + 1, j, j + 1), [&] {
+      std::vector<int64_t> s2(split);
+      s2.erase(s2.begin() + lead + 1);
+      return s2;
+    }());
+    std::vector<int64_t> lo(lead + 2, 0), hi(lead + 2, 0), in0(lead + 2, 0);
+    lo[lead] = j;
+    hi[lead] = blocks - 1 - j;
+    piece = b.pad(piece, b.constant(b.dtype(piece), 0), lo, hi, in0);
+    sum = sum.valid() ? b.binary("add", sum, piece) : piece;
   }
-  std::vector<int64_t> merged = vec(grad.sizes());
-  merged.pop_back();
-  merged[d] = windows * size;
-  g = b.reshape(b.transpose(g, perm), merged);
-  std::vector<int64_t> idx;
-  for (int64_t w = 0; w < windows; ++w)
-    for (int64_t k = 0; k < size; ++k) idx.push_back(w * step + k);
-  Value r = L::take_along_backward(b, g, d, idx, input_sizes[d]);
+  std::vector<int64_t> flat(shape.begin(), shape.begin() + lead);
+  int64_t covered = (windows + blocks - 1) * step;
+  flat.push_back(covered);
+  Value r = b.reshape(sum, flat);
+  int64_t in = input_sizes[d];
+  if (covered > in) {
+    r = b.slice_dim(r, lead, 0, in);
+  } else if (covered < in) {
+    std::vector<int64_t> lo(lead + 1, 0), hi(lead + 1, 0), in0(lead + 1, 0);
+    hi[lead] = in - covered;
+    r = b.pad(r, b.constant(b.dtype(r), 0), lo, hi, in0);
+  }
+  std::vector<int64_t> back;  // move the last dim to d
+  for (int64_t i = 0; i < rank; ++i) back.push_back(i < d ? i : i == d ? lead : i - 1);
+  r = b.transpose(r, back);
   return finish(op, r, grad.scalar_type(), nullptr);
 }
 

@@ -29,6 +29,7 @@ TOLERANCES: dict[torch.dtype, Tolerance] = {
     torch.bfloat16: Tolerance(rtol=1.6e-2, atol=1e-2),
     torch.float16: Tolerance(rtol=1e-3, atol=1e-3),
     torch.complex64: Tolerance(rtol=1.3e-5, atol=1e-5),
+    torch.complex128: Tolerance(rtol=1e-7, atol=1e-7),
 }
 EXACT = Tolerance(rtol=0.0, atol=0.0)
 
