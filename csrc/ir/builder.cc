@@ -539,6 +539,54 @@ std::vector<Value> Builder::rng_bits(Value state, DType bits_dtype, const std::v
                       "rng_algorithm = #stablehlo<rng_algorithm THREE_FRY>");
 }
 
+std::vector<Value> Builder::while_loop(const std::vector<Value>& init, const LoopCond& cond, const LoopBody& body) {
+  std::vector<Type> types;
+  for (Value v : init) types.push_back(type(v));
+  auto cond_region = std::make_shared<Graph>();
+  {
+    Builder rb(*cond_region);
+    std::vector<Value> args;
+    for (const Type& t : types) args.push_back(cond_region->param(t));
+    cond_region->set_outputs({rb.reshape(cond(rb, args), {})});
+  }
+  auto body_region = std::make_shared<Graph>();
+  {
+    Builder rb(*body_region);
+    std::vector<Value> args;
+    for (const Type& t : types) args.push_back(body_region->param(t));
+    std::vector<Value> next = body(rb, args);
+    if (next.size() != types.size()) throw std::logic_error("ir: while body returns a different number of values");
+    for (size_t i = 0; i < next.size(); ++i) {
+      if (!(rb.type(next[i]) == types[i])) {
+        throw std::logic_error("ir: while body changes the type of carried value " + std::to_string(i) + ": " +
+                               types[i].str() + " -> " + rb.type(next[i]).str());
+      }
+    }
+    body_region->set_outputs(next);
+  }
+  return g_.add_multi("stablehlo.while", init, types, "", {cond_region, body_region});
+}
+
+std::vector<Value> Builder::custom_call(const std::string& target, const std::vector<Value>& operands,
+                                        const std::vector<Type>& results, const std::string& backend_config) {
+  std::string attrs = "call_target_name = \"" + target + "\"";
+  if (!backend_config.empty()) attrs += ", backend_config = \"" + backend_config + "\"";
+  return g_.add_multi("stablehlo.custom_call", operands, results, attrs);
+}
+
+Value Builder::cholesky(Value a, bool lower) {
+  return g_.add("stablehlo.cholesky", {a}, type(a), std::string("lower = ") + (lower ? "true" : "false"));
+}
+
+Value Builder::triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                                const std::string& transpose_a) {
+  auto flag = [](bool v) { return v ? "true" : "false"; };
+  std::string attrs = std::string("left_side = ") + flag(left_side) + ", lower = " + flag(lower) +
+                      ", unit_diagonal = " + flag(unit_diagonal) + ", transpose_a = #stablehlo<transpose " +
+                      transpose_a + ">";
+  return g_.add("stablehlo.triangular_solve", {a, b}, type(b), attrs);
+}
+
 Value Builder::bin_bcast(const std::string& op, Value a, Value b) {
   auto out = broadcast_shapes(dims(a), dims(b));
   return binary(op, broadcast_to(a, out), broadcast_to(b, out));

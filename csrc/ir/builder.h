@@ -116,6 +116,20 @@ class Builder {
   // rng_bit_generator (THREE_FRY): returns {new_state, bits}.
   std::vector<Value> rng_bits(Value state, DType bits_dtype, const std::vector<int64_t>& dims);
 
+  // stablehlo.while over loop-carried `init` values (regions see only the
+  // carried values: anything else a body needs is carried too).
+  using LoopCond = std::function<Value(Builder&, const std::vector<Value>&)>;
+  using LoopBody = std::function<std::vector<Value>(Builder&, const std::vector<Value>&)>;
+  std::vector<Value> while_loop(const std::vector<Value>& init, const LoopCond& cond, const LoopBody& body);
+  // A custom call the plugin's compiler expands itself (XLA's "Eigh", "Qr" ...).
+  std::vector<Value> custom_call(const std::string& target, const std::vector<Value>& operands,
+                                 const std::vector<Type>& results, const std::string& backend_config = "");
+  // Batched [..., n, n] factorizations and solves (XLA expands both on every backend).
+  Value cholesky(Value a, bool lower);
+  // transpose_a: NO_TRANSPOSE, TRANSPOSE or ADJOINT.
+  Value triangular_solve(Value a, Value b, bool left_side, bool lower, bool unit_diagonal,
+                         const std::string& transpose_a);
+
   // Broadcasted elementwise helpers (numpy rules).
   Value bin_bcast(const std::string& op, Value a, Value b);
   Value cmp_bcast(Value a, Value b, const std::string& direction);

@@ -1,0 +1,507 @@
+// torch.linalg natively: Cholesky and triangular solves (StableHLO ops), eigh
+// and QR (custom calls XLA expands), LU with partial pivoting and everything
+// built on it (solve, inv, det, slogdet, lu_solve, lu_unpack), and SVD through
+// eigh. Each op is one program; the _ex variants' info is computed on the
+// device and checked on the host only when asked (check_errors), as on CPU.
+#include <ATen/ExpandUtils.h>
+#include <ATen/ops/_linalg_check_errors.h>
+#include <torch/library.h>
+
+#include "device/context.h"
+#include "device/kernel_util.h"
+#include "lowering/linalg.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Value;
+namespace L = lowering;
+using Tensor = at::Tensor;
+
+void check_matrix(const char* name, const Tensor& a, bool square = true) {
+  TORCH_CHECK(a.dim() >= 2, name, ": The input tensor A must have at least 2 dimensions.");
+  if (square) {
+    TORCH_CHECK(a.size(-1) == a.size(-2), name, ": A must be batches of square matrices, but they are ", a.size(-2),
+                " by ", a.size(-1), " matrices");
+  }
+  at::ScalarType t = a.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kComplexFloat || t == at::kComplexDouble, name,
+              ": Expected a floating point or complex tensor as input. Got ", t);
+}
+
+// The outputs of one program: fresh tensors, written into `outs` when given (out= variants).
+std::vector<Tensor> finish_all(OpBuilder& op, const std::vector<std::pair<Value, at::ScalarType>>& results,
+                               const std::vector<Tensor*>& outs = {}) {
+  std::vector<Tensor> fresh;
+  for (const auto& [v, t] : results) fresh.push_back(op.output(v, t));
+  op.run();
+  for (size_t i = 0; i < outs.size() && i < fresh.size(); ++i) {
+    if (outs[i]) write_out(op.name().c_str(), fresh[i], *outs[i]);
+  }
+  return fresh;
+}
+
+Tensor empty_like_batch(const Tensor& a, at::ScalarType dtype) { return at::empty({0}, a.options().dtype(dtype)); }
+
+// Broadcast batch dims of A [..., n, n] and B [..., n, k].
+std::pair<Tensor, Tensor> broadcast_batches(const Tensor& a, const Tensor& b) {
+  auto ab = a.sizes().slice(0, a.dim() - 2), bb = b.sizes().slice(0, b.dim() - 2);
+  std::vector<int64_t> batch = at::infer_size(ab, bb);
+  std::vector<int64_t> as = batch, bs = batch;
+  as.insert(as.end(), a.sizes().end() - 2, a.sizes().end());
+  bs.insert(bs.end(), b.sizes().end() - 2, b.sizes().end());
+  return {a.expand(as), b.expand(bs)};
+}
+
+// ---------------------------------------------------------------- Cholesky
+
+std::tuple<Tensor, Tensor> cholesky_ex_impl(const Tensor& a, bool upper, bool check_errors, Tensor* l_out,
+                                            Tensor* info_out) {
+  check_matrix("linalg.cholesky", a);
+  OpBuilder op("aten::linalg_cholesky_ex");
+  auto r = L::cholesky(op.b(), op.input(a), upper);
+  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], at::kInt}}, {l_out, info_out});
+  if (check_errors) at::_linalg_check_errors(t[1], "linalg.cholesky_ex", a.dim() == 2);
+  return {l_out ? *l_out : t[0], info_out ? *info_out : t[1]};
+}
+std::tuple<Tensor, Tensor> cholesky_ex_k(const Tensor& a, bool upper, bool check_errors) {
+  return cholesky_ex_impl(a, upper, check_errors, nullptr, nullptr);
+}
+std::tuple<Tensor&, Tensor&> cholesky_ex_out(const Tensor& a, bool upper, bool check_errors, Tensor& l, Tensor& info) {
+  cholesky_ex_impl(a, upper, check_errors, &l, &info);
+  return {l, info};
+}
+Tensor cholesky_old(const Tensor& a, bool upper) {
+  auto [l, info] = cholesky_ex_impl(a, upper, false, nullptr, nullptr);
+  at::_linalg_check_errors(info, "cholesky", a.dim() == 2);
+  return l;
+}
+Tensor& cholesky_old_out(const Tensor& a, bool upper, Tensor& out) { return write_out("cholesky", cholesky_old(a, upper), out); }
+
+// L L^H X = B (upper: U^H U X = B).
+Value cholesky_solve_value(ir::Builder& b, Value factor, Value rhs, bool upper) {
+  if (upper) {
+    Value y = b.triangular_solve(factor, rhs, true, false, false, "ADJOINT");
+    return b.triangular_solve(factor, y, true, false, false, "NO_TRANSPOSE");
+  }
+  Value y = b.triangular_solve(factor, rhs, true, true, false, "NO_TRANSPOSE");
+  return b.triangular_solve(factor, y, true, true, false, "ADJOINT");
+}
+
+Tensor cholesky_solve_helper(const Tensor& self, const Tensor& factor, bool upper) {
+  OpBuilder op("aten::_cholesky_solve_helper");
+  Value x = cholesky_solve_value(op.b(), op.input(factor), op.input(self), upper);
+  return finish_all(op, {{x, self.scalar_type()}})[0];
+}
+
+Tensor cholesky_inverse_k(const Tensor& factor, bool upper) {
+  check_matrix("cholesky_inverse", factor);
+  OpBuilder op("aten::cholesky_inverse");
+  auto& b = op.b();
+  Value f = op.input(factor);
+  Value eye = L::eye(b, to_ir(factor.scalar_type()), vec(factor.sizes().slice(0, factor.dim() - 2)), factor.size(-1));
+  return finish_all(op, {{cholesky_solve_value(b, f, eye, upper), factor.scalar_type()}})[0];
+}
+Tensor& cholesky_inverse_out(const Tensor& factor, bool upper, Tensor& out) {
+  return write_out("cholesky_inverse", cholesky_inverse_k(factor, upper), out);
+}
+
+// ---------------------------------------------------------------- triangular solves
+
+Tensor solve_triangular_k(const Tensor& a, const Tensor& rhs, bool upper, bool left, bool unitriangular) {
+  check_matrix("linalg.solve_triangular", a);
+  TORCH_CHECK(rhs.dim() >= 2, "linalg.solve_triangular: The input tensor B must have at least 2 dimensions.");
+  TORCH_CHECK(a.scalar_type() == rhs.scalar_type(), "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type ",
+              a.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
+  int64_t n = a.size(-1);
+  TORCH_CHECK((left ? rhs.size(-2) : rhs.size(-1)) == n, "linalg.solve_triangular: Incompatible shapes of A and B for the equation ",
+              left ? "AX = B" : "XA = B", " (", a.size(-2), "x", a.size(-1), " and ", rhs.size(-2), "x", rhs.size(-1), ")");
+  auto [ae, be] = broadcast_batches(a, rhs);
+  OpBuilder op("aten::linalg_solve_triangular");
+  Value x = op.b().triangular_solve(op.input(ae), op.input(be), left, !upper, unitriangular, "NO_TRANSPOSE");
+  return finish_all(op, {{x, a.scalar_type()}})[0];
+}
+Tensor& solve_triangular_out(const Tensor& a, const Tensor& rhs, bool upper, bool left, bool unitriangular, Tensor& out) {
+  return write_out("linalg.solve_triangular", solve_triangular_k(a, rhs, upper, left, unitriangular), out);
+}
+
+std::tuple<Tensor, Tensor> triangular_solve_k(const Tensor& self, const Tensor& a, bool upper, bool transpose,
+                                            bool unitriangular) {
+  check_matrix("triangular_solve", a);
+  TORCH_CHECK(self.dim() >= 2, "triangular_solve: The input tensor b must have at least 2 dimensions.");
+  auto [ae, be] = broadcast_batches(a, self);
+  OpBuilder op("aten::triangular_solve");
+  Value av = op.input(ae);
+  Value x = op.b().triangular_solve(av, op.input(be), true, !upper, unitriangular, transpose ? "TRANSPOSE" : "NO_TRANSPOSE");
+  auto t = finish_all(op, {{x, self.scalar_type()}, {av, a.scalar_type()}});
+  return {t[0], t[1]};
+}
+std::tuple<Tensor&, Tensor&> triangular_solve_out(const Tensor& self, const Tensor& a, bool upper, bool transpose,
+                                                  bool unitriangular, Tensor& x, Tensor& m) {
+  auto [xs, ms] = triangular_solve_k(self, a, upper, transpose, unitriangular);
+  write_out("triangular_solve", xs, x);
+  write_out("triangular_solve", ms, m);
+  return {x, m};
+}
+
+// ---------------------------------------------------------------- eigh, QR
+
+std::tuple<Tensor, Tensor> eigh_impl(const Tensor& a, c10::string_view uplo, bool compute_v, Tensor* w_out,
+                                     Tensor* v_out) {
+  check_matrix("linalg.eigh", a);
+  TORCH_CHECK(uplo == "L" || uplo == "U" || uplo == "l" || uplo == "u",
+              "Expected UPLO argument to be 'L' or 'U', but got ", uplo);
+  OpBuilder op("aten::_linalg_eigh");
+  auto r = L::eigh(op.b(), op.input(a), uplo == "L" || uplo == "l");
+  at::ScalarType real = at::toRealValueType(a.scalar_type());
+  if (!compute_v) {
+    auto t = finish_all(op, {{r[0], real}}, {w_out});
+    Tensor v = empty_like_batch(a, a.scalar_type());
+    if (v_out) v_out->resize_({0});
+    return {w_out ? *w_out : t[0], v_out ? *v_out : v};
+  }
+  auto t = finish_all(op, {{r[0], real}, {r[1], a.scalar_type()}}, {w_out, v_out});
+  return {w_out ? *w_out : t[0], v_out ? *v_out : t[1]};
+}
+std::tuple<Tensor, Tensor> eigh_k(const Tensor& a, c10::string_view uplo, bool compute_v) {
+  return eigh_impl(a, uplo, compute_v, nullptr, nullptr);
+}
+std::tuple<Tensor&, Tensor&> eigh_out(const Tensor& a, c10::string_view uplo, bool compute_v, Tensor& w, Tensor& v) {
+  eigh_impl(a, uplo, compute_v, &w, &v);
+  return {w, v};
+}
+
+std::tuple<Tensor, Tensor> qr_k(const Tensor& a, c10::string_view mode) {
+  check_matrix("linalg.qr", a, false);
+  TORCH_CHECK(mode == "reduced" || mode == "complete" || mode == "r",
+              "qr received unrecognized mode '", mode, "' but expected one of 'reduced' (default), 'r', or 'complete'");
+  OpBuilder op("aten::linalg_qr");
+  auto r = L::qr(op.b(), op.input(a), std::string(mode));
+  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], a.scalar_type()}});
+  return {t[0], t[1]};
+}
+std::tuple<Tensor&, Tensor&> qr_out(const Tensor& a, c10::string_view mode, Tensor& q, Tensor& r) {
+  auto [qs, rs] = qr_k(a, mode);
+  write_out("linalg.qr", qs, q);
+  write_out("linalg.qr", rs, r);
+  return {q, r};
+}
+
+std::tuple<Tensor, Tensor> geqrf_k(const Tensor& a) {
+  check_matrix("geqrf", a, false);
+  OpBuilder op("aten::geqrf");
+  auto r = L::geqrf(op.b(), op.input(a));
+  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], a.scalar_type()}});
+  return {t[0], t[1]};
+}
+std::tuple<Tensor&, Tensor&> geqrf_out(const Tensor& a, Tensor& ra, Tensor& tau) {
+  auto [x, t] = geqrf_k(a);
+  write_out("geqrf", x, ra);
+  write_out("geqrf", t, tau);
+  return {ra, tau};
+}
+
+Tensor householder_product_k(const Tensor& input, const Tensor& tau) {
+  check_matrix("torch.linalg.householder_product", input, false);
+  TORCH_CHECK(input.size(-2) >= input.size(-1),
+              "torch.linalg.householder_product: input.shape[-2] must be greater than or equal to input.shape[-1]");
+  TORCH_CHECK(input.size(-1) >= tau.size(-1),
+              "torch.linalg.householder_product: input.shape[-1] must be greater than or equal to tau.shape[-1]");
+  TORCH_CHECK(tau.dim() == input.dim() - 1, "torch.linalg.householder_product: Expected tau to have one dimension less than input");
+  OpBuilder op("aten::linalg_householder_product");
+  auto& b = op.b();
+  Value refl = op.input(input), t = op.input(tau);
+  // XLA's product takes as many taus as columns: missing ones are identity reflectors (tau 0).
+  if (tau.size(-1) < input.size(-1)) {
+    int64_t r = tau.dim();
+    std::vector<int64_t> lo(r, 0), hi(r, 0), in(r, 0);
+    hi[r - 1] = input.size(-1) - tau.size(-1);
+    t = b.pad(t, b.constant(b.dtype(t), 0), lo, hi, in);
+  }
+  return finish_all(op, {{L::householder_product(b, refl, t), input.scalar_type()}})[0];
+}
+Tensor& householder_product_out(const Tensor& input, const Tensor& tau, Tensor& out) {
+  return write_out("linalg.householder_product", householder_product_k(input, tau), out);
+}
+
+// ---------------------------------------------------------------- LU family
+
+void check_pivot(const char* name, bool pivot) {
+  TORCH_CHECK(pivot, name, ": LU without pivoting is not implemented on the CPU");
+}
+
+std::tuple<Tensor, Tensor, Tensor> lu_factor_ex_k(const Tensor& a, bool pivot, bool check_errors) {
+  check_matrix("torch.lu_factor", a, false);
+  check_pivot("linalg.lu_factor", pivot);
+  OpBuilder op("aten::linalg_lu_factor_ex");
+  auto r = L::lu_factor(op.b(), op.input(a));
+  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], at::kInt}, {r[3], at::kInt}});
+  if (check_errors) at::_linalg_check_errors(t[2], "torch.linalg.lu_factor_ex", a.dim() == 2);
+  return {t[0], t[1], t[2]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&> lu_factor_ex_out(const Tensor& a, bool pivot, bool check_errors, Tensor& lu,
+                                                        Tensor& piv, Tensor& info) {
+  auto [l, p, i] = lu_factor_ex_k(a, pivot, check_errors);
+  write_out("linalg.lu_factor_ex", l, lu);
+  write_out("linalg.lu_factor_ex", p, piv);
+  write_out("linalg.lu_factor_ex", i, info);
+  return {lu, piv, info};
+}
+
+// P, L, U from a packed LU and its permutation, inside the same program.
+std::vector<Value> unpack_k(ir::Builder& b, Value lu, Value perm, int64_t m, int64_t n) {
+  int64_t k = std::min(m, n);
+  int64_t r = b.type(lu).rank();
+  auto corner = [&](int64_t rows, int64_t cols) {
+    std::vector<int64_t> limit = b.dims(lu);
+    limit[r - 2] = rows;
+    limit[r - 1] = cols;
+    return b.slice(lu, std::vector<int64_t>(r, 0), limit, std::vector<int64_t>(r, 1));
+  };
+  std::vector<int64_t> batch(b.dims(lu).begin(), b.dims(lu).end() - 2);
+  Value l = L::tril(b, corner(m, k), -1);
+  std::vector<int64_t> ld = b.dims(l);
+  Value unit = b.convert(b.compare(b.iota(ir::DType::S64, ld, r - 2), b.iota(ir::DType::S64, ld, r - 1), "EQ"), b.dtype(lu));
+  l = b.binary("add", l, unit);
+  Value u = L::triu(b, corner(k, n), 0);
+  return {L::permutation_matrix(b, perm, b.dtype(lu)), l, u};
+}
+
+std::tuple<Tensor, Tensor, Tensor> linalg_lu_k(const Tensor& a, bool pivot) {
+  check_matrix("linalg.lu", a, false);
+  check_pivot("linalg.lu", pivot);
+  OpBuilder op("aten::linalg_lu");
+  auto& b = op.b();
+  auto r = L::lu_factor(b, op.input(a));
+  auto plu = unpack_k(b, r[0], r[2], a.size(-2), a.size(-1));
+  auto t = finish_all(op, {{plu[0], a.scalar_type()}, {plu[1], a.scalar_type()}, {plu[2], a.scalar_type()}});
+  return {t[0], t[1], t[2]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&> linalg_lu_out(const Tensor& a, bool pivot, Tensor& p, Tensor& l, Tensor& u) {
+  auto [ps, ls, us] = linalg_lu_k(a, pivot);
+  write_out("linalg.lu", ps, p);
+  write_out("linalg.lu", ls, l);
+  write_out("linalg.lu", us, u);
+  return {p, l, u};
+}
+
+std::tuple<Tensor, Tensor, Tensor> lu_unpack_k(const Tensor& lu, const Tensor& pivots, bool unpack_data, bool unpack_pivots) {
+  TORCH_CHECK(lu.dim() >= 2, "torch.lu_unpack: Expected tensor with 2 or more dimensions. Got size: ", lu.sizes(), " instead");
+  TORCH_CHECK(pivots.scalar_type() == at::kInt, "torch.lu_unpack: LU_pivots is expected to be a contiguous tensor of torch.int32 dtype.");
+  int64_t m = lu.size(-2), n = lu.size(-1);
+  OpBuilder op("aten::lu_unpack");
+  auto& b = op.b();
+  Value perm = L::permutation_of_pivots(b, op.input(pivots), m);
+  auto plu = unpack_k(b, op.input(lu), perm, m, n);
+  std::vector<std::pair<Value, at::ScalarType>> results;
+  if (unpack_pivots) results.push_back({plu[0], lu.scalar_type()});
+  if (unpack_data) {
+    results.push_back({plu[1], lu.scalar_type()});
+    results.push_back({plu[2], lu.scalar_type()});
+  }
+  auto t = finish_all(op, results);
+  Tensor empty = at::empty({0}, lu.options());
+  size_t i = 0;
+  Tensor p = unpack_pivots ? t[i++] : empty;
+  Tensor l = unpack_data ? t[i++] : empty;
+  Tensor u = unpack_data ? t[i++] : empty;
+  return {p, l, u};
+}
+std::tuple<Tensor&, Tensor&, Tensor&> lu_unpack_out(const Tensor& lu, const Tensor& pivots, bool unpack_data,
+                                                     bool unpack_pivots, Tensor& p, Tensor& l, Tensor& u) {
+  auto [ps, ls, us] = lu_unpack_k(lu, pivots, unpack_data, unpack_pivots);
+  write_out("lu_unpack", ps, p);
+  write_out("lu_unpack", ls, l);
+  write_out("lu_unpack", us, u);
+  return {p, l, u};
+}
+
+// Solves op(A) X = B (left) or X op(A) = B from A's LU; the right-hand forms
+// are left solves of the transposed system.
+Value lu_solve_value(ir::Builder& b, Value lu, Value perm, Value rhs, bool left, bool adjoint) {
+  if (left) return L::lu_solve(b, lu, perm, rhs, adjoint ? "H" : "N");
+  // X A = B  <=>  A^T X^T = B^T;  X A^H = B  <=>  A X^H = B^H.
+  if (!adjoint) return L::matrix_transpose(b, L::lu_solve(b, lu, perm, L::matrix_transpose(b, rhs, false), "T"), false);
+  return L::matrix_transpose(b, L::lu_solve(b, lu, perm, L::matrix_transpose(b, rhs, true), "N"), true);
+}
+
+Tensor lu_solve_k(const Tensor& lu, const Tensor& pivots, const Tensor& rhs, bool left, bool adjoint) {
+  check_matrix("linalg.lu_solve", lu);
+  TORCH_CHECK(rhs.dim() >= 2, "linalg.lu_solve: The input tensor B must have at least 2 dimensions.");
+  TORCH_CHECK(lu.scalar_type() == rhs.scalar_type(), "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type ",
+              lu.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
+  int64_t n = lu.size(-1);
+  TORCH_CHECK((left ? rhs.size(-2) : rhs.size(-1)) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation ",
+              left ? "AX = B" : "XA = B", " (", n, "x", n, " and ", rhs.size(-2), "x", rhs.size(-1), ")");
+  auto [le, be] = broadcast_batches(lu, rhs);
+  std::vector<int64_t> pshape = vec(le.sizes());
+  pshape.pop_back();
+  Tensor pe = pivots.expand(pshape);
+  OpBuilder op("aten::linalg_lu_solve");
+  auto& b = op.b();
+  Value perm = L::permutation_of_pivots(b, op.input(pe), n);
+  Value x = lu_solve_value(b, op.input(le), perm, op.input(be), left, adjoint);
+  return finish_all(op, {{x, rhs.scalar_type()}})[0];
+}
+Tensor& lu_solve_out(const Tensor& lu, const Tensor& pivots, const Tensor& rhs, bool left, bool adjoint, Tensor& out) {
+  return write_out("linalg.lu_solve", lu_solve_k(lu, pivots, rhs, left, adjoint), out);
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> solve_ex_k(const Tensor& a, const Tensor& rhs, bool left, bool check_errors) {
+  check_matrix("linalg.solve", a);
+  TORCH_CHECK(a.scalar_type() == rhs.scalar_type(), "linalg.solve: Expected A and B to have the same dtype, but found A of type ",
+              a.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
+  // B is a vector (batch) when it has one dim less than A and matches A's leading shape.
+  bool vector_case = rhs.dim() == 1 || (a.dim() - 1 == rhs.dim() && rhs.sizes().equals(a.sizes().slice(0, a.dim() - 1)));
+  Tensor b2 = vector_case ? rhs.unsqueeze(left ? -1 : -2) : rhs;
+  int64_t n = a.size(-1);
+  TORCH_CHECK((left ? b2.size(-2) : b2.size(-1)) == n, "linalg.solve: Incompatible shapes of A and B for the equation ",
+              left ? "AX = B" : "XA = B", " (", a.size(-2), "x", a.size(-1), " and ", b2.size(-2), "x", b2.size(-1), ")");
+  auto [ae, be] = broadcast_batches(a, b2);
+  OpBuilder op("aten::_linalg_solve_ex");
+  auto& b = op.b();
+  // The factorization is of A itself (not broadcast), as the CPU kernel returns it.
+  auto f = L::lu_factor(b, op.input(ae));
+  Value x = lu_solve_value(b, f[0], f[2], op.input(be), left, false);
+  if (vector_case) x = b.reshape(x, [&] {
+      std::vector<int64_t> d = b.dims(x);
+      d.erase(d.end() - (left ? 1 : 2));
+      return d;
+    }());
+  auto t = finish_all(op, {{x, rhs.scalar_type()}, {f[0], a.scalar_type()}, {f[1], at::kInt}, {f[3], at::kInt}});
+  if (check_errors) at::_linalg_check_errors(t[3], "torch.linalg.solve_ex", a.dim() == 2);
+  return {t[0], t[1], t[2], t[3]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> solve_ex_out(const Tensor& a, const Tensor& rhs, bool left, bool check_errors,
+                                                            Tensor& result, Tensor& lu, Tensor& piv, Tensor& info) {
+  auto [x, l, p, i] = solve_ex_k(a, rhs, left, check_errors);
+  write_out("linalg.solve_ex", x, result);
+  write_out("linalg.solve_ex", l, lu);
+  write_out("linalg.solve_ex", p, piv);
+  write_out("linalg.solve_ex", i, info);
+  return {result, lu, piv, info};
+}
+
+std::tuple<Tensor, Tensor> inv_ex_k(const Tensor& a, bool check_errors) {
+  check_matrix("linalg.inv", a);
+  OpBuilder op("aten::linalg_inv_ex");
+  auto& b = op.b();
+  auto f = L::lu_factor(b, op.input(a));
+  Value eye = L::eye(b, to_ir(a.scalar_type()), vec(a.sizes().slice(0, a.dim() - 2)), a.size(-1));
+  Value x = L::lu_solve(b, f[0], f[2], eye, "N");
+  auto t = finish_all(op, {{x, a.scalar_type()}, {f[3], at::kInt}});
+  if (check_errors) at::_linalg_check_errors(t[1], "linalg.inv_ex", a.dim() == 2);
+  return {t[0], t[1]};
+}
+std::tuple<Tensor&, Tensor&> inv_ex_out(const Tensor& a, bool check_errors, Tensor& inverse, Tensor& info) {
+  auto [x, i] = inv_ex_k(a, check_errors);
+  write_out("linalg.inv_ex", x, inverse);
+  write_out("linalg.inv_ex", i, info);
+  return {inverse, info};
+}
+
+std::tuple<Tensor, Tensor, Tensor> det_k(const Tensor& a) {
+  check_matrix("linalg.det", a);
+  OpBuilder op("aten::_linalg_det");
+  auto& b = op.b();
+  auto f = L::lu_factor(b, op.input(a));
+  auto t = finish_all(op, {{L::lu_det(b, f[0], f[1]), a.scalar_type()}, {f[0], a.scalar_type()}, {f[1], at::kInt}});
+  return {t[0], t[1], t[2]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&> det_out(const Tensor& a, Tensor& result, Tensor& lu, Tensor& piv) {
+  auto [d, l, p] = det_k(a);
+  write_out("linalg.det", d, result);
+  write_out("linalg.det", l, lu);
+  write_out("linalg.det", p, piv);
+  return {result, lu, piv};
+}
+
+std::tuple<Tensor, Tensor, Tensor, Tensor> slogdet_k(const Tensor& a) {
+  check_matrix("linalg.slogdet", a);
+  OpBuilder op("aten::_linalg_slogdet");
+  auto& b = op.b();
+  auto f = L::lu_factor(b, op.input(a));
+  auto sl = L::lu_slogdet(b, f[0], f[1]);
+  auto t = finish_all(op, {{sl[0], a.scalar_type()}, {sl[1], at::toRealValueType(a.scalar_type())},
+                           {f[0], a.scalar_type()}, {f[1], at::kInt}});
+  return {t[0], t[1], t[2], t[3]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> slogdet_out(const Tensor& a, Tensor& sign, Tensor& logabs, Tensor& lu,
+                                                           Tensor& piv) {
+  auto [s, l, f, p] = slogdet_k(a);
+  write_out("linalg.slogdet", s, sign);
+  write_out("linalg.slogdet", l, logabs);
+  write_out("linalg.slogdet", f, lu);
+  write_out("linalg.slogdet", p, piv);
+  return {sign, logabs, lu, piv};
+}
+
+// ---------------------------------------------------------------- SVD
+
+std::tuple<Tensor, Tensor, Tensor> svd_k(const Tensor& a, bool full_matrices, bool compute_uv,
+                                       std::optional<c10::string_view> driver) {
+  check_matrix("linalg.svd", a, false);
+  TORCH_CHECK(!driver.has_value(), "torch.linalg.svd: keyword argument `driver=` is only supported on CUDA inputs with cuSOLVER backend.");
+  OpBuilder op("aten::_linalg_svd");
+  auto r = L::svd(op.b(), op.input(a), full_matrices && compute_uv);
+  at::ScalarType real = at::toRealValueType(a.scalar_type());
+  if (!compute_uv) {
+    Tensor s = finish_all(op, {{r[1], real}})[0];
+    Tensor empty = at::empty({0}, a.options());
+    return {empty, s, empty};
+  }
+  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], real}, {r[2], a.scalar_type()}});
+  return {t[0], t[1], t[2]};
+}
+std::tuple<Tensor&, Tensor&, Tensor&> svd_out(const Tensor& a, bool full_matrices, bool compute_uv,
+                                              std::optional<c10::string_view> driver, Tensor& u, Tensor& s, Tensor& vh) {
+  auto [us, ss, vs] = svd_k(a, full_matrices, compute_uv, driver);
+  write_out("linalg.svd", us, u);
+  write_out("linalg.svd", ss, s);
+  write_out("linalg.svd", vs, vh);
+  return {u, s, vh};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("linalg_cholesky_ex", cholesky_ex_k);
+  m.impl("linalg_cholesky_ex.L", cholesky_ex_out);
+  m.impl("cholesky", cholesky_old);
+  m.impl("cholesky.out", cholesky_old_out);
+  m.impl("_cholesky_solve_helper", cholesky_solve_helper);
+  m.impl("cholesky_inverse", cholesky_inverse_k);
+  m.impl("cholesky_inverse.out", cholesky_inverse_out);
+  m.impl("linalg_solve_triangular", solve_triangular_k);
+  m.impl("linalg_solve_triangular.out", solve_triangular_out);
+  m.impl("triangular_solve", triangular_solve_k);
+  m.impl("triangular_solve.X", triangular_solve_out);
+  m.impl("_linalg_eigh", eigh_k);
+  m.impl("_linalg_eigh.eigenvalues", eigh_out);
+  m.impl("linalg_qr", qr_k);
+  m.impl("linalg_qr.out", qr_out);
+  m.impl("geqrf", geqrf_k);
+  m.impl("geqrf.a", geqrf_out);
+  m.impl("linalg_householder_product", householder_product_k);
+  m.impl("linalg_householder_product.out", householder_product_out);
+  m.impl("linalg_lu_factor_ex", lu_factor_ex_k);
+  m.impl("linalg_lu_factor_ex.out", lu_factor_ex_out);
+  m.impl("linalg_lu", linalg_lu_k);
+  m.impl("linalg_lu.out", linalg_lu_out);
+  m.impl("lu_unpack", lu_unpack_k);
+  m.impl("lu_unpack.out", lu_unpack_out);
+  m.impl("linalg_lu_solve", lu_solve_k);
+  m.impl("linalg_lu_solve.out", lu_solve_out);
+  m.impl("_linalg_solve_ex", solve_ex_k);
+  m.impl("_linalg_solve_ex.result", solve_ex_out);
+  m.impl("linalg_inv_ex", inv_ex_k);
+  m.impl("linalg_inv_ex.inverse", inv_ex_out);
+  m.impl("_linalg_det", det_k);
+  m.impl("_linalg_det.result", det_out);
+  m.impl("_linalg_slogdet", slogdet_k);
+  m.impl("_linalg_slogdet.sign", slogdet_out);
+  m.impl("_linalg_svd", svd_k);
+  m.impl("_linalg_svd.U", svd_out);
+}
+
+}  // namespace torch_pjrt::device
