@@ -226,6 +226,15 @@ Tensor& householder_product_out(const Tensor& input, const Tensor& tau, Tensor& 
 
 // ---------------------------------------------------------------- LU family
 
+// CPU's det, slogdet and solve factor A^T when A is contiguous and real (LAPACK
+// is column-major), and their backward formulas read the factors that way: so
+// do the same, or the gradients would be of the transposed system.
+bool factor_transposed(const Tensor& a) { return a.is_contiguous() && !a.is_complex(); }
+Value factor_input(OpBuilder& op, const Tensor& a) {
+  Value v = op.input(a);
+  return factor_transposed(a) ? L::matrix_transpose(op.b(), v, false) : v;
+}
+
 void check_pivot(const char* name, bool pivot) {
   TORCH_CHECK(pivot, name, ": LU without pivoting is not implemented on the CPU");
 }
@@ -361,8 +370,9 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> solve_ex_k(const Tensor& a, const Ten
   OpBuilder op("aten::_linalg_solve_ex");
   auto& b = op.b();
   // The factorization is of A itself (not broadcast), as the CPU kernel returns it.
-  auto f = L::lu_factor(b, op.input(ae));
-  Value x = lu_solve_value(b, f[0], f[2], op.input(be), left, false);
+  bool transposed = factor_transposed(a);
+  auto f = L::lu_factor(b, transposed ? L::matrix_transpose(b, op.input(ae), false) : op.input(ae));
+  Value x = lu_solve_value(b, f[0], f[2], op.input(be), left, transposed);
   if (vector_case) x = b.reshape(x, [&] {
       std::vector<int64_t> d = b.dims(x);
       d.erase(d.end() - (left ? 1 : 2));
@@ -404,7 +414,7 @@ std::tuple<Tensor, Tensor, Tensor> det_k(const Tensor& a) {
   check_matrix("linalg.det", a);
   OpBuilder op("aten::_linalg_det");
   auto& b = op.b();
-  auto f = L::lu_factor(b, op.input(a));
+  auto f = L::lu_factor(b, factor_input(op, a));
   auto t = finish_all(op, {{L::lu_det(b, f[0], f[1]), a.scalar_type()}, {f[0], a.scalar_type()}, {f[1], at::kInt}});
   return {t[0], t[1], t[2]};
 }
@@ -420,7 +430,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> slogdet_k(const Tensor& a) {
   check_matrix("linalg.slogdet", a);
   OpBuilder op("aten::_linalg_slogdet");
   auto& b = op.b();
-  auto f = L::lu_factor(b, op.input(a));
+  auto f = L::lu_factor(b, factor_input(op, a));
   auto sl = L::lu_slogdet(b, f[0], f[1]);
   auto t = finish_all(op, {{sl[0], a.scalar_type()}, {sl[1], at::toRealValueType(a.scalar_type())},
                            {f[0], a.scalar_type()}, {f[1], at::kInt}});
