@@ -326,7 +326,7 @@ at::Tensor to_cpu(const at::Tensor& t) {
   TORCH_CHECK(st->has_contents() || !st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
   bool direct = t.is_contiguous() && t.storage_offset() == 0 &&
                 static_cast<size_t>(t.numel()) * t.element_size() == st->nbytes &&
-                st->dtype == to_ir(t.scalar_type());
+                st->dtype == to_ir(t.scalar_type()) && !t.is_conj() && !t.is_neg();
   if (!direct && st->has_contents()) {
     OpBuilder op("to_cpu");
     Value v = op.input(t);
@@ -356,14 +356,14 @@ at::Tensor to_cpu(const at::Tensor& t) {
 }
 
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
-  at::Tensor src = src_cpu.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  at::Tensor src = src_cpu.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
   StorageState* st = state_of(dst);
   TORCH_CHECK(st, "pjrt: copy_ destination is not a pjrt tensor");
   int device = dst.device().index();
   std::vector<int64_t> dims(dst.sizes().begin(), dst.sizes().end());
   auto buf = upload(src.data_ptr(), to_ir(dst.scalar_type()), dims, device, "copy to pjrt");
   bool whole = dst.is_contiguous() && dst.storage_offset() == 0 &&
-               static_cast<size_t>(dst.numel()) * dst.element_size() == st->nbytes;
+               static_cast<size_t>(dst.numel()) * dst.element_size() == st->nbytes && !dst.is_conj() && !dst.is_neg();
   if (whole) {
     assign(st, std::move(buf), dims, to_ir(dst.scalar_type()));
     return;
@@ -642,6 +642,14 @@ Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
 }
 
 Value OpBuilder::input(const at::Tensor& t) {
+  Value v = input_raw(t);
+  // Conjugate and negative views are lazy bits: ops see the values they denote.
+  if (t.is_conj()) v = builder_.conj(v);
+  if (t.is_neg()) v = builder_.unary("negate", v);
+  return v;
+}
+
+Value OpBuilder::input_raw(const at::Tensor& t) {
   TORCH_CHECK(t.defined(), "pjrt: ", op_, ": undefined tensor argument");
   DType T = to_ir(t.scalar_type());
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
@@ -693,6 +701,8 @@ void OpBuilder::write(const at::Tensor& dst, Value v) {
   DType T = to_ir(dst.scalar_type());
   std::vector<int64_t> sizes(dst.sizes().begin(), dst.sizes().end());
   v = builder_.broadcast_to(builder_.convert(v, T), sizes);
+  if (dst.is_conj()) v = builder_.conj(v);  // stored so that dst's lazy bits read back as v
+  if (dst.is_neg()) v = builder_.unary("negate", v);
   StorageSlot* slot_ptr = nullptr;
   Value flat = storage_flat(dst, &slot_ptr);
   StorageSlot& s = *slot_ptr;

@@ -115,7 +115,8 @@ class OpBuilder {
   const std::string& name() const { return op_; }
   void set_device(int device) { device_ = device; }
 
-  // Reads a tensor (through its view) as an IR value of its sizes and dtype.
+  // Reads a tensor (through its view, with its lazy conj/neg bits applied) as
+  // an IR value of its sizes and dtype.
   // CPU tensors (wrapped Python scalars, 0-d CPU tensors) are uploaded.
   ir::Value input(const at::Tensor& t);
   // A runtime scalar (not baked into the program: no recompiles per value).
@@ -126,7 +127,7 @@ class OpBuilder {
 
   // Declares a fresh contiguous result.
   at::Tensor output(ir::Value v, at::ScalarType dtype);
-  // Writes v into dst (through dst's view); converts to dst's dtype.
+  // Writes v into dst (through dst's view and its lazy bits); converts to dst's dtype.
   void write(const at::Tensor& dst, ir::Value v);
   // Replaces a storage's whole contents with `flat` (any dtype/length).
   void replace_contents(StorageState* st, ir::Value flat);
@@ -146,6 +147,7 @@ class OpBuilder {
   };
   StorageSlot& slot(executor::Storage* s, ir::DType read_dtype, int64_t empty_elements);
   ir::Value param(std::shared_ptr<runtime::Buffer> buffer, const ir::Type& type);
+  ir::Value input_raw(const at::Tensor& t);  // the stored values, lazy conj/neg bits not applied
   ir::Value offset_param(int64_t offset);
   ir::Value scalar_param(ir::DType dtype, const void* bytes);
   ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);

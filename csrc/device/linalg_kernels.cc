@@ -226,7 +226,7 @@ Tensor& householder_product_out(const Tensor& input, const Tensor& tau, Tensor& 
 
 // ---------------------------------------------------------------- LU family
 
-// CPU's det, slogdet and solve factor A^T when A is contiguous and real (LAPACK
+// CPU's det and slogdet factor A^T when A is contiguous and real (LAPACK
 // is column-major), and their backward formulas read the factors that way: so
 // do the same, or the gradients would be of the transposed system.
 bool factor_transposed(const Tensor& a) { return a.is_contiguous() && !a.is_complex(); }
@@ -370,9 +370,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> solve_ex_k(const Tensor& a, const Ten
   OpBuilder op("aten::_linalg_solve_ex");
   auto& b = op.b();
   // The factorization is of A itself (not broadcast), as the CPU kernel returns it.
-  bool transposed = factor_transposed(a);
-  auto f = L::lu_factor(b, transposed ? L::matrix_transpose(b, op.input(ae), false) : op.input(ae));
-  Value x = lu_solve_value(b, f[0], f[2], op.input(be), left, transposed);
+  auto f = L::lu_factor(b, op.input(ae));  // of A itself (unlike det), as CPU's solve returns it
+  Value x = lu_solve_value(b, f[0], f[2], op.input(be), left, false);
   if (vector_case) x = b.reshape(x, [&] {
       std::vector<int64_t> d = b.dims(x);
       d.erase(d.end() - (left ? 1 : 2));

@@ -225,41 +225,22 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
 
-// A pjrt tensor's raw contents on the host, carrying its lazy conj/neg bits.
-at::Tensor host_with_bits(const at::Tensor& src) {
-  at::Tensor host = to_cpu(src);
-  if (src.is_conj()) host = host._conj();
-  if (src.is_neg()) host = host._neg_view();
-  return host;
-}
-
-// The host data to store into `dst` so that dst (with its bits) reads as `src`.
-at::Tensor host_for(const at::Tensor& dst, at::Tensor src) {
-  if (dst.is_conj()) src = src.conj();
-  if (dst.is_neg()) src = src.neg();
-  return src.resolve_conj().resolve_neg();
-}
-
 at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0) return self;
   if (self.device().is_privateuseone() && src.device().is_privateuseone()) {
     if (self.device() != src.device()) {
       // Cross-device: through the host (PJRT device-to-device copies differ by plugin).
-      copy_from_cpu(self, host_for(self, host_with_bits(src)));
+      copy_from_cpu(self, to_cpu(src));
       return self;
     }
+    // input() and write() apply conj/neg bits: copies between tensors whose bits differ work as on CPU.
     OpBuilder op("copy_");
-    ir::Value v = op.input(src);
-    // Conjugate and negative views are lazy bits on the tensor: copying between
-    // tensors whose bits differ applies them (as CPU's copy_ does).
-    if (src.is_conj() != self.is_conj()) v = op.b().conj(v);
-    if (src.is_neg() != self.is_neg()) v = op.b().unary("negate", v);
-    op.write(self, op.b().broadcast_to(v, std::vector<int64_t>(self.sizes().begin(), self.sizes().end())));
+    op.write(self, op.b().broadcast_to(op.input(src), std::vector<int64_t>(self.sizes().begin(), self.sizes().end())));
     op.run();
   } else if (self.device().is_privateuseone()) {
-    copy_from_cpu(self, host_for(self, src.device().is_cpu() ? src : src.cpu()));
+    copy_from_cpu(self, src.device().is_cpu() ? src : src.cpu());
   } else {
-    self.copy_(host_with_bits(src));
+    self.copy_(to_cpu(src));
   }
   return self;
 }

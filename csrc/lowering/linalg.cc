@@ -158,10 +158,7 @@ std::vector<Value> qr(Builder& b, Value a, const std::string& mode) {
   limit[r - 2] = r_rows;
   Value R = triu(b, b.slice(f[0], std::vector<int64_t>(r, 0), limit, std::vector<int64_t>(r, 1)), 0);
   if (mode == "r") {
-    std::vector<int64_t> empty = d;
-    empty[r - 1] = 0;
-    empty[r - 2] = 0;
-    return {b.constant(b.dtype(a), 0, empty), R};
+    return {b.constant(b.dtype(a), 0, {0}), R};  // CPU's Q for mode "r": empty, 1-d
   }
   // Q from the reflectors: [m, k] (reduced) or [m, m] (complete, the reflectors padded with zero columns).
   Value refl = f[0];

@@ -1,0 +1,236 @@
+"""torch.linalg natively: Cholesky, triangular solves, eigh, QR, LU and what
+is built on it (solve, inv, det, slogdet, lu_solve, lu_unpack), SVD and its
+users (pinv, matrix_rank, matrix norms), batched, real and complex, forward
+and backward, against CPU float64 with the CPU fallback forbidden.
+
+Tolerances come from the numerics: a backward-stable factorization of an
+n x n matrix errs by about n * eps * cond(A) relative to ||A||; the inputs
+here are well conditioned (cond < 100), so 100 * n * eps bounds every result."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close
+
+import torch_pjrt
+
+N = 5
+EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    with torch_pjrt.fallback_mode("error"):
+        yield
+
+
+def _tol(scale: float = 1.0) -> dict:
+    return dict(rtol=100 * N * EPS, atol=100 * N * EPS * scale)
+
+
+def well_conditioned(*batch: int, n: int = N, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    # Q diag(1..10) Q^T-like spread: a random matrix plus a dominant diagonal.
+    a = torch.randn(*batch, n, n, dtype=dtype)
+    return a + 3 * n ** 0.5 * torch.eye(n, dtype=dtype)
+
+
+def spd(*batch: int, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    a = torch.randn(*batch, N, N, dtype=dtype)
+    return a @ a.mH + N * torch.eye(N, dtype=dtype)
+
+
+def to_dev(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    return t.to(torch.complex64 if t.is_complex() else torch.float32).to(dev)
+
+
+def ref_dtype(t: torch.Tensor) -> torch.dtype:
+    return torch.complex64 if t.is_complex() else torch.float32
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=["real", "complex"])
+def test_cholesky_family(dev: torch.device, dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    a, rhs = spd(3, dtype=dtype), torch.randn(3, N, 2, dtype=dtype)
+    ad, bd = to_dev(a, dev), to_dev(rhs, dev)
+    for upper in (False, True):
+        f = torch.linalg.cholesky(a, upper=upper)
+        fd = torch.linalg.cholesky(ad, upper=upper)
+        assert_close(fd, f.to(ref_dtype(f)), **_tol(f.abs().max().item()))
+        x = torch.cholesky_solve(rhs, f, upper=upper)
+        assert_close(torch.cholesky_solve(bd, fd, upper=upper), x.to(ref_dtype(x)), **_tol(x.abs().max().item()))
+        inv = torch.cholesky_inverse(f[0], upper=upper)
+        assert_close(torch.cholesky_inverse(fd[0], upper=upper), inv.to(ref_dtype(inv)), **_tol(inv.abs().max().item()))
+    # Not positive definite: info names the failing minor, and the checked form raises like CPU.
+    bad = a.clone()
+    bad[1, 2, 2] = -100
+    info = torch.linalg.cholesky_ex(to_dev(bad, dev)).info.cpu()
+    assert info[0] == 0 and info[2] == 0 and info[1] > 0
+    with pytest.raises(torch.linalg.LinAlgError, match="not positive-definite"):
+        torch.linalg.cholesky(to_dev(bad, dev))
+
+
+def test_triangular_solves(dev: torch.device) -> None:
+    torch.manual_seed(1)
+    tri = torch.linalg.cholesky(spd(2))
+    rhs = torch.randn(2, N, 3, dtype=torch.float64)
+    td, bd = to_dev(tri, dev), to_dev(rhs, dev)
+    for upper, t in ((False, tri), (True, tri.mT)):
+        tdev = td if not upper else td.mT
+        x = torch.linalg.solve_triangular(t, rhs, upper=upper)
+        assert_close(torch.linalg.solve_triangular(tdev, bd, upper=upper), x.float(), **_tol(x.abs().max().item()))
+        xr = torch.linalg.solve_triangular(t, rhs.mT, upper=upper, left=False)
+        assert_close(torch.linalg.solve_triangular(tdev, bd.mT, upper=upper, left=False), xr.float(), **_tol(xr.abs().max().item()))
+        xu = torch.linalg.solve_triangular(t, rhs, upper=upper, unitriangular=True)
+        assert_close(torch.linalg.solve_triangular(tdev, bd, upper=upper, unitriangular=True), xu.float(),
+                     **_tol(xu.abs().max().item()))
+    sol, copy = torch.triangular_solve(bd, td, upper=False, transpose=True)
+    ref = torch.triangular_solve(rhs, tri, upper=False, transpose=True).solution
+    assert_close(sol, ref.float(), **_tol(ref.abs().max().item()))
+    assert_close(copy, tri.float())
+    # Batch dims broadcast.
+    x = torch.linalg.solve_triangular(tri[:1], rhs, upper=False)
+    assert_close(torch.linalg.solve_triangular(td[:1], bd, upper=False), x.float(), **_tol(x.abs().max().item()))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128], ids=["real", "complex"])
+def test_eigh(dev: torch.device, dtype: torch.dtype) -> None:
+    torch.manual_seed(2)
+    a = spd(3, dtype=dtype)
+    ad = to_dev(a, dev)
+    for uplo in ("L", "U"):
+        w, v = torch.linalg.eigh(a, UPLO=uplo)
+        wd, vd = torch.linalg.eigh(ad, UPLO=uplo)
+        scale = w.abs().max().item()
+        assert_close(wd, w.float(), **_tol(scale))
+        # Eigenvectors are defined up to a phase: compare the reconstruction and orthonormality.
+        assert_close((vd * wd.unsqueeze(-2).to(vd.dtype)) @ vd.mH, a.to(ref_dtype(a)), **_tol(scale))
+        eye = torch.eye(N, dtype=ref_dtype(a)).expand(3, N, N)
+        assert_close(vd.mH @ vd, eye, **_tol())
+    # Only the named triangle is read.
+    junk = a.clone()
+    junk[..., 0, 1:] = 1e3
+    assert_close(torch.linalg.eigvalsh(to_dev(junk, dev), UPLO="L"), torch.linalg.eigvalsh(a, UPLO="L").float(), **_tol(scale))
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 4), (2, 4, 6), (5, 5)], ids=["tall", "wide", "square"])
+@pytest.mark.parametrize("mode", ["reduced", "complete", "r"])
+def test_qr(dev: torch.device, shape: tuple, mode: str) -> None:
+    torch.manual_seed(3)
+    a = torch.randn(*shape, dtype=torch.float64)
+    q, r = torch.linalg.qr(a, mode=mode)
+    qd, rd = torch.linalg.qr(to_dev(a, dev), mode=mode)
+    # Householder QR is unique once R's diagonal sign is fixed, and LAPACK and XLA fix it alike.
+    assert_close(rd, r.float(), **_tol(a.abs().max().item()))
+    assert qd.shape == q.shape
+    if mode != "r":
+        assert_close(qd, q.float(), **_tol())
+
+
+def test_lu_family(dev: torch.device) -> None:
+    torch.manual_seed(4)
+    a = well_conditioned(3)
+    rect = torch.randn(2, 6, 4, dtype=torch.float64)
+    rhs = torch.randn(3, N, 2, dtype=torch.float64)
+    ad, bd = to_dev(a, dev), to_dev(rhs, dev)
+    lu, piv = torch.linalg.lu_factor(a)
+    lud, pivd = torch.linalg.lu_factor(ad)
+    assert pivd.dtype == torch.int32
+    assert torch.equal(pivd.cpu(), piv)  # well separated pivots: the same row choices
+    assert_close(lud, lu.float(), **_tol(lu.abs().max().item()))
+    for x, xd in zip(torch.linalg.lu(rect), torch.linalg.lu(to_dev(rect, dev))):
+        assert_close(xd, x.float(), **_tol(x.abs().max().item()))
+    for x, xd in zip(torch.lu_unpack(lu, piv), torch.lu_unpack(lud, pivd)):
+        assert_close(xd, x.float(), **_tol(x.abs().max().item()))
+    for left in (True, False):
+        for adjoint in (False, True):
+            b = rhs if left else rhs.mT
+            x = torch.linalg.lu_solve(lu, piv, b, left=left, adjoint=adjoint)
+            xd = torch.linalg.lu_solve(lud, pivd, bd if left else bd.mT, left=left, adjoint=adjoint)
+            assert_close(xd, x.float(), **_tol(x.abs().max().item()))
+    x = torch.linalg.solve(a, rhs)
+    assert_close(torch.linalg.solve(ad, bd), x.float(), **_tol(x.abs().max().item()))
+    xv = torch.linalg.solve(a, rhs[..., 0])
+    assert_close(torch.linalg.solve(ad, bd[..., 0]), xv.float(), **_tol(xv.abs().max().item()))
+    inv = torch.linalg.inv(a)
+    assert_close(torch.linalg.inv(ad), inv.float(), **_tol(inv.abs().max().item()))
+    d = torch.linalg.det(a)
+    assert_close(torch.linalg.det(ad), d.float(), rtol=100 * N * EPS, atol=0)
+    sign, logabs = torch.linalg.slogdet(a)
+    sd, ld = torch.linalg.slogdet(ad)
+    assert_close(sd, sign.float())
+    assert_close(ld, logabs.float(), **_tol(logabs.abs().max().item()))
+    # Singular: inv raises as on CPU; det is zero.
+    sing = a.clone()
+    sing[0, :, 0] = 0
+    with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+        torch.linalg.inv(to_dev(sing, dev))
+    assert torch.linalg.det(to_dev(sing, dev)).cpu()[0] == 0
+
+
+def test_complex_lu(dev: torch.device) -> None:
+    torch.manual_seed(5)
+    a = well_conditioned(2, dtype=torch.complex128)
+    ad = to_dev(a, dev)
+    inv = torch.linalg.inv(a)
+    assert_close(torch.linalg.inv(ad), inv.to(torch.complex64), **_tol(inv.abs().max().item()))
+    d = torch.linalg.det(a)
+    assert_close(torch.linalg.det(ad), d.to(torch.complex64), rtol=100 * N * EPS, atol=100 * N * EPS * d.abs().max().item())
+
+
+@pytest.mark.parametrize("shape", [(2, 6, 4), (4, 6), (5, 5)], ids=["tall", "wide", "square"])
+def test_svd_and_its_users(dev: torch.device, shape: tuple) -> None:
+    torch.manual_seed(6)
+    a = torch.randn(*shape, dtype=torch.float64)
+    ad = to_dev(a, dev)
+    s = torch.linalg.svdvals(a)
+    scale = s.max().item()
+    assert_close(torch.linalg.svdvals(ad), s.float(), **_tol(scale))
+    for full in (False, True):
+        u, sd, vh = torch.linalg.svd(ad, full_matrices=full)
+        ref_u, _, ref_vh = torch.linalg.svd(a, full_matrices=full)
+        assert u.shape == ref_u.shape and vh.shape == ref_vh.shape
+        k = min(shape[-2:])
+        assert_close((u[..., :k] * sd.unsqueeze(-2)) @ vh[..., :k, :], a.float(), **_tol(scale))
+        assert_close(u.mH @ u, torch.eye(u.shape[-1]).expand_as(u.mH @ u).contiguous(), **_tol())
+        assert_close(vh @ vh.mH, torch.eye(vh.shape[-2]).expand_as(vh @ vh.mH).contiguous(), **_tol())
+    pinv = torch.linalg.pinv(a)
+    assert_close(torch.linalg.pinv(ad), pinv.float(), **_tol(pinv.abs().max().item()))
+    assert torch.equal(torch.linalg.matrix_rank(ad).cpu(), torch.linalg.matrix_rank(a))
+    for ord in ("nuc", 2, -2):
+        n = torch.linalg.matrix_norm(a, ord)
+        assert_close(torch.linalg.matrix_norm(ad, ord), n.float(), **_tol(scale))
+
+
+GRADS = {
+    "inv": lambda x: torch.linalg.inv(x).sum(),
+    "det": lambda x: torch.linalg.det(x).sum(),
+    "slogdet": lambda x: torch.linalg.slogdet(x).logabsdet.sum(),
+    "solve": lambda x: torch.linalg.solve(x, x[..., :2] + 1).sum(),
+    "cholesky": lambda x: torch.linalg.cholesky(x @ x.mT).square().sum(),
+    "eigvalsh": lambda x: torch.linalg.eigvalsh(x @ x.mT).square().sum(),
+    "qr": lambda x: sum(t.square().sum() for t in torch.linalg.qr(x)),
+    "svdvals": lambda x: torch.linalg.svdvals(x).sum(),
+    "lu_factor": lambda x: torch.linalg.lu_factor(x).LU.square().sum(),
+    "solve_triangular": lambda x: torch.linalg.solve_triangular(x.tril(), x[..., :2], upper=False).sum(),
+}
+
+
+@pytest.mark.parametrize("name", list(GRADS))
+def test_backward(dev: torch.device, name: str) -> None:
+    torch.manual_seed(7)
+    a = well_conditioned(2)
+    ref = a.clone().requires_grad_()
+    xd = to_dev(a, dev).requires_grad_()
+    GRADS[name](ref).backward()
+    GRADS[name](xd).backward()
+    assert_close(xd.grad, ref.grad.float(), **_tol(10 * ref.grad.abs().max().item()))
+
+
+def test_bad_input_names_the_op(dev: torch.device) -> None:
+    with pytest.raises(RuntimeError, match="square"):
+        torch.linalg.inv(torch.randn(3, 4).to(dev))
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        torch.linalg.cholesky(torch.randn(3).to(dev))
+    with pytest.raises(RuntimeError, match="Incompatible shapes"):
+        torch.linalg.solve(torch.randn(3, 3).to(dev), torch.randn(4, 2).to(dev))
