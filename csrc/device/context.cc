@@ -643,6 +643,14 @@ Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
 
 Value OpBuilder::input(const at::Tensor& t) {
   Value v = input_raw(t);
+  if (layout_rank_ < 0 && (t.dim() == 4 || t.dim() == 5) && t.device().is_privateuseone()) {
+    at::MemoryFormat cl = t.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+    bool dense = t.is_contiguous(), channels_last = t.is_contiguous(cl);
+    if (dense != channels_last) {
+      layout_rank_ = t.dim();
+      layout_ = channels_last ? cl : at::MemoryFormat::Contiguous;
+    }
+  }
   // Conjugate and negative views are lazy bits: ops see the values they denote.
   if (t.is_conj()) v = builder_.conj(v);
   if (t.is_neg()) v = builder_.unary("negate", v);
@@ -837,10 +845,22 @@ void OpBuilder::set_rng_state(Value new_state) {
   s.written = true;
 }
 
-at::Tensor OpBuilder::output(Value v, at::ScalarType dtype) {
+at::Tensor OpBuilder::output(Value v, at::ScalarType dtype, at::MemoryFormat format) {
   v = builder_.convert(v, to_ir(dtype));
   int device = device_ >= 0 ? device_ : 0;
-  auto t = at::empty(builder_.dims(v), at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device));
+  auto options = at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device);
+  int64_t rank = builder_.type(v).rank();
+  if ((format == at::MemoryFormat::ChannelsLast && rank == 4) || (format == at::MemoryFormat::ChannelsLast3d && rank == 5)) {
+    // Stored channels-minor: the storage holds v transposed to N, spatial..., C.
+    auto t = at::empty(builder_.dims(v), options.memory_format(format));
+    std::vector<int64_t> perm{0};
+    for (int64_t d = 2; d < rank; ++d) perm.push_back(d);
+    perm.push_back(1);
+    outputs_.emplace_back(t, builder_.transpose(v, perm));
+    if (device_ < 0) device_ = device;
+    return t;
+  }
+  auto t = at::empty(builder_.dims(v), options);
   outputs_.emplace_back(t, v);
   if (device_ < 0) device_ = device;
   return t;

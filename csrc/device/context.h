@@ -125,8 +125,9 @@ class OpBuilder {
   ir::Value rng_state(const at::Generator& gen);
   void set_rng_state(ir::Value new_state);
 
-  // Declares a fresh contiguous result.
-  at::Tensor output(ir::Value v, at::ScalarType dtype);
+  // Declares a fresh result, contiguous or in a channels-last layout (v is in
+  // logical NCHW order either way).
+  at::Tensor output(ir::Value v, at::ScalarType dtype, at::MemoryFormat format = at::MemoryFormat::Contiguous);
   // Writes v into dst (through dst's view and its lazy bits); converts to dst's dtype.
   void write(const at::Tensor& dst, ir::Value v);
   // Replaces a storage's whole contents with `flat` (any dtype/length).
@@ -134,6 +135,13 @@ class OpBuilder {
   // Marks an out-of-range condition (i1 scalar): checked at the next sync point,
   // and writes of this op are suppressed when it holds.
   void check_flag(ir::Value flag, const std::string& message);
+
+  // The layout PyTorch's CPU kernels give a fresh result of `rank` dims: that of
+  // the first input of rank 4 or 5 whose layout is unambiguous (channels-last
+  // or contiguous), when the ranks match; else contiguous.
+  at::MemoryFormat suggested_layout(int64_t rank) const {
+    return rank == layout_rank_ ? layout_ : at::MemoryFormat::Contiguous;
+  }
 
   // Records the op; in strict and debug modes it also runs.
   void run();
@@ -155,6 +163,8 @@ class OpBuilder {
   int device_for(const at::Tensor& t);
 
   std::string op_;
+  int64_t layout_rank_ = -1;
+  at::MemoryFormat layout_ = at::MemoryFormat::Contiguous;
   executor::Fragment frag_;
   ir::Builder builder_;
   int device_ = -1;

@@ -33,7 +33,7 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   }
   Value x = op.input(self);
   Value r = L::unary(op.b(), name, x, to_ir(compute), to_ir(out));
-  return finish(op, r, out, into);
+  return finish(op, r, out, into, layout_for(self.dim(), {&self}));
 }
 
 #define UNARY_KERNELS(NAME, TO_FLOAT)                                                               \
@@ -165,7 +165,7 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
-  return finish(op, r, out, into);
+  return finish(op, r, out, into, layout_for(static_cast<int64_t>(shape.size()), {&self, &other}));
 }
 
 
@@ -332,7 +332,7 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
     }
     Value r = L::add_scaled(op.b(), x, y, op.scalar(alpha, common), to_ir(common), subtract);
-    return finish(op, r, common, into);
+    return finish(op, r, common, into, layout_for(static_cast<int64_t>(shape.size()), {&self, &other}));
   }
   return binary_op(name, self, other, into);
 }

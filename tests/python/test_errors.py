@@ -29,7 +29,7 @@ def test_dtype_errors(dev):
     with pytest.raises(RuntimeError, match="same dtype"):
         torch.ones(2, 2, device=dev) @ torch.ones(2, 2, dtype=torch.float64, device=dev)
     with pytest.raises(TypeError, match="not supported on the pjrt device"):
-        torch.ones(2, dtype=torch.complex64, device=dev)
+        torch.ones(2, dtype=torch.complex32, device=dev)
     with pytest.raises(RuntimeError, match="can't be cast"):
         torch.ones(2, dtype=torch.int64, device=dev).add_(torch.ones(2, device=dev) * 0.5)
     with pytest.raises(IndexError, match="Expected dtype int32/int64"):
