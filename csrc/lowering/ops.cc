@@ -443,6 +443,84 @@ Value binary(Builder& b, const std::string& name, Value x, Value y, DType comput
   return b.convert(it->second(b, xc, yc), out);
 }
 
+Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Value n) {
+  auto shape = ir::broadcast_shapes(b.dims(x), b.dims(n));
+  x = b.broadcast_to(x, shape);
+  n = b.broadcast_to(b.convert(n, DType::S64), shape);
+  std::string f = family;
+  if (f.rfind("shifted_", 0) == 0) {  // T*_n(x) = T_n(2x - 1)
+    x = b.binary("subtract", b.binary("multiply", x, b.scalar_like(x, 2)), b.scalar_like(x, 1));
+    f = f.substr(8);
+  }
+  auto c = [&](Builder& bb, Value like, double v) { return bb.scalar_like(like, v); };
+  Value one = c(b, x, 1);
+  Value p1;  // degree 1
+  if (f == "chebyshev_t" || f == "hermite_he" || f == "legendre_p") p1 = x;
+  else if (f == "chebyshev_u" || f == "hermite_h") p1 = b.binary("multiply", x, c(b, x, 2));
+  else if (f == "chebyshev_v") p1 = b.binary("subtract", b.binary("multiply", x, c(b, x, 2)), one);
+  else if (f == "chebyshev_w") p1 = b.binary("add", b.binary("multiply", x, c(b, x, 2)), one);
+  else if (f == "laguerre_l") p1 = b.binary("subtract", one, x);
+  else throw std::invalid_argument("no orthogonal polynomial family " + family);
+  Value zero = c(b, x, 0);
+  auto is_deg = [&](Builder& bb, Value nv, int64_t k) {
+    return bb.compare(nv, bb.constant_int(DType::S64, k, bb.dims(nv)), "EQ");
+  };
+  Value result = b.select(is_deg(b, n, 0), one, b.select(is_deg(b, n, 1), p1, zero));
+  int64_t numel = b.type(n).numel();
+  Value max_n = numel == 0 ? b.constant_int(DType::S64, 0)
+                           : b.reduce_simple(b.reshape(n, {numel}), b.constant_int(DType::S64, 0), {0}, "maximum");
+  // Carried: degree k of `cur`, the largest degree, x, n, P_{k-1}, P_k, the result.
+  auto out = b.while_loop(
+      {b.constant_int(DType::S64, 1), max_n, x, n, one, p1, result},
+      [](Builder& bb, const std::vector<Value>& s) { return bb.compare(s[0], s[1], "LT"); },
+      [f](Builder& bb, const std::vector<Value>& s) -> std::vector<Value> {
+        Value k = s[0], xv = s[2], nv = s[3], prev = s[4], cur = s[5], res = s[6];
+        Value kf = bb.broadcast_to(bb.convert(k, bb.dtype(xv)), bb.dims(xv));
+        auto mul = [&](Value a, Value b2) { return bb.binary("multiply", a, b2); };
+        auto cst = [&](double v) { return bb.scalar_like(xv, v); };
+        Value next;
+        if (f == "hermite_h") {  // H_{k+1} = 2x H_k - 2k H_{k-1}
+          next = bb.binary("subtract", mul(mul(cst(2), xv), cur), mul(mul(cst(2), kf), prev));
+        } else if (f == "hermite_he") {  // He_{k+1} = x He_k - k He_{k-1}
+          next = bb.binary("subtract", mul(xv, cur), mul(kf, prev));
+        } else if (f == "laguerre_l") {  // (k+1) L_{k+1} = (2k+1-x) L_k - k L_{k-1}
+          Value a = bb.binary("subtract", bb.binary("add", mul(cst(2), kf), cst(1)), xv);
+          next = bb.binary("divide", bb.binary("subtract", mul(a, cur), mul(kf, prev)), bb.binary("add", kf, cst(1)));
+        } else if (f == "legendre_p") {  // (k+1) P_{k+1} = (2k+1) x P_k - k P_{k-1}
+          Value a = mul(bb.binary("add", mul(cst(2), kf), cst(1)), xv);
+          next = bb.binary("divide", bb.binary("subtract", mul(a, cur), mul(kf, prev)), bb.binary("add", kf, cst(1)));
+        } else {  // Chebyshev kinds: P_{k+1} = 2x P_k - P_{k-1}
+          next = bb.binary("subtract", mul(mul(cst(2), xv), cur), prev);
+        }
+        Value k1 = bb.binary("add", k, bb.constant_int(DType::S64, 1));
+        Value at = bb.compare(nv, bb.broadcast_to(k1, bb.dims(nv)), "EQ");
+        return {k1, s[1], xv, nv, cur, next, bb.select(at, next, res)};
+      });
+  return out[6];
+}
+
+Value gcd(Builder& b, Value x, Value y) {
+  auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
+  x = b.unary("abs", b.broadcast_to(x, shape));
+  y = b.unary("abs", b.broadcast_to(y, shape));
+  auto out = b.while_loop(
+      {x, y},
+      [](Builder& bb, const std::vector<Value>& s) {
+        Value nz = bb.compare(s[1], bb.scalar_like(s[1], 0), "NE");
+        int64_t numel = bb.type(nz).numel();
+        if (numel == 0) return bb.constant_int(DType::Pred, 0);
+        return bb.reduce_simple(bb.reshape(nz, {numel}), bb.constant_int(DType::Pred, 0), {0}, "or");
+      },
+      [](Builder& bb, const std::vector<Value>& s) -> std::vector<Value> {
+        Value a = s[0], d = s[1];
+        Value done = bb.compare(d, bb.scalar_like(d, 0), "EQ");
+        Value safe = bb.select(done, bb.scalar_like(d, 1), d);
+        Value r = bb.binary("remainder", a, safe);
+        return {bb.select(done, a, d), bb.select(done, d, r)};
+      });
+  return out[0];
+}
+
 namespace {
 // Complex transforms (FFT or IFFT) along `dims` of v, at most 3 at a time (XLA's
 // limit): each group is moved last, transformed, and moved back.

@@ -57,6 +57,14 @@ Value matmul_2d(Builder& b, Value x, Value y, DType out);  // [n,k]x[k,m]
 Value bmm(Builder& b, Value x, Value y, DType out);        // [b,n,k]x[b,k,m]
 Value dot(Builder& b, Value x, Value y, DType out);
 
+// Orthogonal polynomials of degree n (truncated to an integer; negative: 0)
+// by their three-term recurrences, in one loop up to the largest n:
+// "chebyshev_t/u/v/w", "shifted_chebyshev_t/u/v/w", "hermite_h", "hermite_he",
+// "laguerre_l", "legendre_p". x is in the compute dtype; n any numeric type.
+Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Value n);
+// Elementwise gcd of integers (Euclid's algorithm in one loop), non-negative.
+Value gcd(Builder& b, Value x, Value y);
+
 // Discrete Fourier transforms over `dims` (ATen's _fft_* contract): kind "c2c"
 // (forward or inverse), "r2c" (one-sided: the last of dims is halved) or "c2r"
 // (last_dim_size: the real length of the last of dims). normalization: 0 none,

@@ -1,0 +1,255 @@
+// Special functions and integer math natively: the orthogonal polynomial
+// families (torch.special.*_polynomial_*), Bessel aliases, gcd/lcm, frexp; and
+// small data movers CPU has and the device lacked (narrow_copy, bincount,
+// nonzero_static, histc.out).
+#include <ATen/WrapDimUtils.h>
+#include <torch/library.h>
+
+#include "device/context.h"
+#include "device/kernel_util.h"
+#include "lowering/nn.h"
+#include "lowering/ops.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Value;
+namespace L = lowering;
+using Tensor = at::Tensor;
+
+Tensor polynomial(const char* family, const Tensor& x, const Tensor& n, const Tensor* into) {
+  at::ScalarType out = float_result(at::result_type(x, n));
+  TORCH_CHECK(!at::isComplexType(out), "special_", family, "_polynomial: complex inputs are not supported");
+  OpBuilder op(std::string("aten::special_") + family + "_polynomial");
+  ir::DType compute = L::accumulate_type(to_ir(out));
+  Value r = L::orthogonal_polynomial(op.b(), family, op.b().convert(op.input(x), compute), op.input(n));
+  return finish(op, r, out, into);
+}
+
+#define POLYNOMIAL_KERNELS(NAME, FAMILY)                                                            \
+  Tensor NAME##_fn(const Tensor& x, const Tensor& n) { return polynomial(FAMILY, x, n, nullptr); }  \
+  Tensor& NAME##_out(const Tensor& x, const Tensor& n, Tensor& out) {                              \
+    Tensor r = polynomial(FAMILY, x, n, nullptr);                                                   \
+    return write_out("special_" FAMILY "_polynomial", r, out);                                      \
+  }
+POLYNOMIAL_KERNELS(cheb_t, "chebyshev_t")
+POLYNOMIAL_KERNELS(cheb_u, "chebyshev_u")
+POLYNOMIAL_KERNELS(cheb_v, "chebyshev_v")
+POLYNOMIAL_KERNELS(cheb_w, "chebyshev_w")
+POLYNOMIAL_KERNELS(scheb_t, "shifted_chebyshev_t")
+POLYNOMIAL_KERNELS(scheb_u, "shifted_chebyshev_u")
+POLYNOMIAL_KERNELS(scheb_v, "shifted_chebyshev_v")
+POLYNOMIAL_KERNELS(scheb_w, "shifted_chebyshev_w")
+POLYNOMIAL_KERNELS(hermite_h, "hermite_h")
+POLYNOMIAL_KERNELS(hermite_he, "hermite_he")
+POLYNOMIAL_KERNELS(laguerre_l, "laguerre_l")
+POLYNOMIAL_KERNELS(legendre_p, "legendre_p")
+
+// Bessel functions that are another name of an existing lowering.
+Tensor unary_alias(const char* name, const char* lowering, const Tensor& self) {
+  OpBuilder op(std::string("aten::") + name);
+  at::ScalarType out = float_result(self.scalar_type());
+  Value r = L::unary(op.b(), lowering, op.input(self), L::accumulate_type(to_ir(out)), to_ir(out));
+  return finish(op, r, out, nullptr);
+}
+Tensor modified_bessel_i0(const Tensor& s) { return unary_alias("special_modified_bessel_i0", "i0", s); }
+Tensor& modified_bessel_i0_out(const Tensor& s, Tensor& out) {
+  return write_out("special_modified_bessel_i0", modified_bessel_i0(s), out);
+}
+Tensor modified_bessel_i1(const Tensor& s) { return unary_alias("special_modified_bessel_i1", "special_i1", s); }
+Tensor& modified_bessel_i1_out(const Tensor& s, Tensor& out) {
+  return write_out("special_modified_bessel_i1", modified_bessel_i1(s), out);
+}
+Tensor spherical_bessel_j0(const Tensor& self) {
+  // sin(x) / x, 1 at 0.
+  OpBuilder op("aten::special_spherical_bessel_j0");
+  auto& b = op.b();
+  at::ScalarType out = float_result(self.scalar_type());
+  Value x = b.convert(op.input(self), L::accumulate_type(to_ir(out)));
+  Value r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 1),
+                     b.binary("divide", b.unary("sine", x), x));
+  return finish(op, r, out, nullptr);
+}
+Tensor& spherical_bessel_j0_out(const Tensor& s, Tensor& out) {
+  return write_out("special_spherical_bessel_j0", spherical_bessel_j0(s), out);
+}
+
+// ---------------------------------------------------------------- integers
+
+Tensor gcd_lcm(const char* name, const Tensor& self, const Tensor& other, bool lcm, const Tensor* into) {
+  at::ScalarType t = at::result_type(self, other);
+  TORCH_CHECK(at::isIntegralType(t, /*includeBool=*/false), name, ": expected integer inputs, got ", self.scalar_type(),
+              " and ", other.scalar_type());
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value x = b.convert(op.input(self), to_ir(t)), y = b.convert(op.input(other), to_ir(t));
+  Value g = L::gcd(b, x, y);
+  if (lcm) {
+    auto shape = b.dims(g);
+    x = b.broadcast_to(x, shape);
+    y = b.broadcast_to(y, shape);
+    Value zero = b.compare(g, b.scalar_like(g, 0), "EQ");
+    Value q = b.binary("divide", x, b.select(zero, b.scalar_like(g, 1), g));
+    g = b.select(zero, b.scalar_like(g, 0), b.unary("abs", b.binary("multiply", q, y)));
+  }
+  return finish(op, g, t, into);
+}
+Tensor gcd_fn(const Tensor& s, const Tensor& o) { return gcd_lcm("gcd", s, o, false, nullptr); }
+Tensor& gcd_out(const Tensor& s, const Tensor& o, Tensor& out) { return write_out("gcd", gcd_fn(s, o), out); }
+Tensor& gcd_inplace(Tensor& s, const Tensor& o) {
+  gcd_lcm("gcd", s, o, false, &s);
+  return s;
+}
+Tensor lcm_fn(const Tensor& s, const Tensor& o) { return gcd_lcm("lcm", s, o, true, nullptr); }
+Tensor& lcm_out(const Tensor& s, const Tensor& o, Tensor& out) { return write_out("lcm", lcm_fn(s, o), out); }
+Tensor& lcm_inplace(Tensor& s, const Tensor& o) {
+  gcd_lcm("lcm", s, o, true, &s);
+  return s;
+}
+
+std::tuple<Tensor, Tensor> frexp_fn(const Tensor& self) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()),
+              "torch.frexp() only supports floating-point dtypes");
+  OpBuilder op("aten::frexp");
+  auto& b = op.b();
+  ir::DType dt = to_ir(self.scalar_type());
+  ir::DType acc = L::accumulate_type(dt) == ir::DType::F64 ? ir::DType::F64 : ir::DType::F32;
+  Value x = b.convert(op.input(self), acc);
+  // x = m * 2^e with 0.5 <= |m| < 1: e from log2, then corrected by one either way.
+  Value ax = b.unary("abs", x);
+  Value finite_nonzero = b.binary("and", b.unary("is_finite", x), b.compare(ax, b.scalar_like(ax, 0), "NE"));
+  Value safe = b.select(finite_nonzero, ax, b.scalar_like(ax, 1));
+  Value e = b.binary("add", b.unary("floor", b.binary("divide", b.unary("log", safe), b.scalar_like(safe, std::log(2.0)))),
+                     b.scalar_like(safe, 1));
+  auto scaled = [&](Value ev) { return b.binary("multiply", safe, b.binary("power", b.scalar_like(safe, 2), b.unary("negate", ev))); };
+  Value m = scaled(e);
+  Value too_big = b.compare(m, b.scalar_like(m, 1), "GE"), too_small = b.compare(m, b.scalar_like(m, 0.5), "LT");
+  e = b.select(too_big, b.binary("add", e, b.scalar_like(e, 1)), b.select(too_small, b.binary("subtract", e, b.scalar_like(e, 1)), e));
+  m = scaled(e);
+  m = b.select(b.compare(x, b.scalar_like(x, 0), "LT"), b.unary("negate", m), m);
+  // Zero, inf and NaN: the mantissa is x itself and the exponent 0 (as C's frexp).
+  m = b.select(finite_nonzero, m, x);
+  e = b.select(finite_nonzero, e, b.scalar_like(e, 0));
+  Tensor mant = op.output(b.convert(m, dt), self.scalar_type());
+  Tensor expo = op.output(b.convert(e, ir::DType::S32), at::kInt);
+  op.run();
+  return {mant, expo};
+}
+std::tuple<Tensor&, Tensor&> frexp_out(const Tensor& self, Tensor& mantissa, Tensor& exponent) {
+  auto [m, e] = frexp_fn(self);
+  write_out("frexp", m, mantissa);
+  write_out("frexp", e, exponent);
+  return {mantissa, exponent};
+}
+
+// ---------------------------------------------------------------- data movers
+
+Tensor narrow_copy_fn(const Tensor& self, int64_t dim, int64_t start, int64_t length) {
+  TORCH_CHECK(self.dim() > 0, "narrow() cannot be applied to a 0-dim tensor.");
+  int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  int64_t size = self.size(d);
+  TORCH_CHECK(start >= -size && start <= size, "start out of range (expected to be in range of [", -size, ", ", size,
+              "], but got ", start, ")");
+  if (start < 0) start += size;
+  TORCH_CHECK(length >= 0 && start <= size - length, "start (", start, ") + length (", length,
+              ") exceeds dimension size (", size, ").");
+  OpBuilder op("aten::narrow_copy");
+  Value r = op.b().slice_dim(op.input(self), d, start, start + length);
+  return finish(op, r, self.scalar_type(), nullptr);
+}
+Tensor& narrow_copy_out(const Tensor& self, int64_t dim, int64_t start, int64_t length, Tensor& out) {
+  return write_out("narrow_copy", narrow_copy_fn(self, dim, start, length), out);
+}
+
+Tensor bincount_fn(const Tensor& self, const std::optional<Tensor>& weights, int64_t minlength) {
+  TORCH_CHECK(self.dim() == 1 && !at::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
+              "bincount only supports 1-d non-negative integral inputs.");
+  TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
+  bool weighted = weights && weights->defined();
+  if (weighted) {
+    TORCH_CHECK(weights->dim() == 1 && weights->size(0) == self.size(0),
+                "weights should be 1-d and have the same length as input");
+  }
+  // The length depends on the data: one host read (like nonzero).
+  int64_t length = minlength;
+  if (self.numel() > 0) {
+    TORCH_CHECK(self.min().item<int64_t>() >= 0, "bincount only supports 1-d non-negative integral inputs.");
+    length = std::max<int64_t>(length, self.max().item<int64_t>() + 1);
+  }
+  at::ScalarType out = !weighted ? at::kLong : weights->scalar_type() == at::kFloat ? at::kFloat : at::kDouble;
+  OpBuilder op("aten::bincount");
+  auto& b = op.b();
+  Value idx = b.convert(op.input(self), ir::DType::S64);
+  Value w = weighted ? b.convert(op.input(*weights), to_ir(out)) : b.constant_int(to_ir(out), 1, {self.size(0)});
+  Value zeros = b.constant(to_ir(out), 0, {length});
+  Value r = self.numel() == 0 ? zeros : L::scatter(b, zeros, 0, idx, w, "add");
+  return finish(op, r, out, nullptr);
+}
+
+Tensor nonzero_static_fn(const Tensor& self, int64_t size, int64_t fill_value) {
+  TORCH_CHECK(size >= 0, "nonzero_static: 'size' must be an non-negative integer");
+  OpBuilder op("aten::nonzero_static");
+  auto& b = op.b();
+  int64_t n = self.numel(), rank = self.dim();
+  std::vector<int64_t> out_dims{size, rank};
+  Value fill = b.constant_int(ir::DType::S64, fill_value, {size + 1, rank});
+  if (n == 0 || size == 0) return finish(op, b.slice_dim(fill, 0, 0, size), at::kLong, nullptr);
+  Value flat = b.reshape(b.convert(op.input(self), ir::DType::Pred), {n});
+  // Slot of each nonzero: the count of nonzeros before it; the rest go to a spare row.
+  Value ones = b.convert(flat, ir::DType::S64);
+  Value slot = b.binary("subtract", L::cumulative(b, ones, 0, "sum"), ones);
+  Value keep = b.binary("and", flat, b.compare(slot, b.constant_int(ir::DType::S64, size, {n}), "LT"));
+  slot = b.select(keep, slot, b.constant_int(ir::DType::S64, size, {n}));
+  // Coordinates of every element, [n, rank].
+  std::vector<Value> coords;
+  Value rest = b.iota(ir::DType::S64, {n}, 0);
+  std::vector<Value> per_dim(rank);
+  for (int64_t d = rank - 1; d >= 0; --d) {
+    Value sz = b.constant_int(ir::DType::S64, self.size(d), {n});
+    per_dim[d] = b.reshape(b.binary("remainder", rest, sz), {n, 1});
+    rest = b.binary("divide", rest, sz);
+  }
+  Value coord = rank == 0 ? b.constant_int(ir::DType::S64, 0, {n, 0}) : b.concatenate(per_dim, 1);
+  Value rows = L::scatter(b, b.constant_int(ir::DType::S64, fill_value, {size + 1, rank}), 0,
+                          b.broadcast_in_dim(slot, {n, rank}, {0}), coord, "");
+  return finish(op, b.slice_dim(rows, 0, 0, size), at::kLong, nullptr);
+}
+Tensor& nonzero_static_out(const Tensor& self, int64_t size, int64_t fill_value, Tensor& out) {
+  return write_out("nonzero_static", nonzero_static_fn(self, size, fill_value), out);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+#define REG_POLY(NAME, OP)                       \
+  m.impl("special_" OP, NAME##_fn);              \
+  m.impl("special_" OP ".out", NAME##_out);
+  REG_POLY(cheb_t, "chebyshev_polynomial_t") REG_POLY(cheb_u, "chebyshev_polynomial_u")
+  REG_POLY(cheb_v, "chebyshev_polynomial_v") REG_POLY(cheb_w, "chebyshev_polynomial_w")
+  REG_POLY(scheb_t, "shifted_chebyshev_polynomial_t") REG_POLY(scheb_u, "shifted_chebyshev_polynomial_u")
+  REG_POLY(scheb_v, "shifted_chebyshev_polynomial_v") REG_POLY(scheb_w, "shifted_chebyshev_polynomial_w")
+  REG_POLY(hermite_h, "hermite_polynomial_h") REG_POLY(hermite_he, "hermite_polynomial_he")
+  REG_POLY(laguerre_l, "laguerre_polynomial_l") REG_POLY(legendre_p, "legendre_polynomial_p")
+#undef REG_POLY
+  m.impl("special_modified_bessel_i0", modified_bessel_i0);
+  m.impl("special_modified_bessel_i0.out", modified_bessel_i0_out);
+  m.impl("special_modified_bessel_i1", modified_bessel_i1);
+  m.impl("special_modified_bessel_i1.out", modified_bessel_i1_out);
+  m.impl("special_spherical_bessel_j0", spherical_bessel_j0);
+  m.impl("special_spherical_bessel_j0.out", spherical_bessel_j0_out);
+  m.impl("gcd", gcd_fn);
+  m.impl("gcd.out", gcd_out);
+  m.impl("gcd_", gcd_inplace);
+  m.impl("lcm", lcm_fn);
+  m.impl("lcm.out", lcm_out);
+  m.impl("lcm_", lcm_inplace);
+  m.impl("frexp.Tensor", frexp_fn);
+  m.impl("frexp.Tensor_out", frexp_out);
+  m.impl("narrow_copy", narrow_copy_fn);
+  m.impl("narrow_copy.out", narrow_copy_out);
+  m.impl("bincount", bincount_fn);
+  m.impl("nonzero_static", nonzero_static_fn);
+  m.impl("nonzero_static.out", nonzero_static_out);
+}
+
+}  // namespace torch_pjrt::device
