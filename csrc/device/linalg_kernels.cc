@@ -224,6 +224,41 @@ Tensor& householder_product_out(const Tensor& input, const Tensor& tau, Tensor& 
   return write_out("linalg.householder_product", householder_product_k(input, tau), out);
 }
 
+// C multiplied by Q (or Q^H) from geqrf's reflectors, on the left or right (LAPACK ormqr).
+Tensor ormqr_k(const Tensor& reflectors, const Tensor& tau, const Tensor& other, bool left, bool transpose) {
+  check_matrix("torch.ormqr", reflectors, false);
+  TORCH_CHECK(other.dim() >= 2, "torch.ormqr: other must have at least 2 dimensions.");
+  int64_t m = left ? other.size(-2) : other.size(-1);
+  TORCH_CHECK(reflectors.size(-2) == m, "torch.ormqr: input.shape[-2] must be equal to other.shape[", left ? -2 : -1, "]");
+  TORCH_CHECK(tau.size(-1) <= reflectors.size(-1), "torch.ormqr: tau.shape[-1] must be less than or equal to input.shape[-1]");
+  OpBuilder op("aten::ormqr");
+  auto& b = op.b();
+  Value refl = op.input(reflectors), t = op.input(tau);
+  // The full m x m Q: reflectors padded with zero columns and identity reflectors (tau 0).
+  int64_t r = reflectors.dim();
+  auto pad_last = [&](Value v, int64_t to) {
+    int64_t rank = b.type(v).rank();
+    int64_t have = b.dims(v).back();
+    if (have >= to) return b.slice_dim(v, rank - 1, 0, to);
+    std::vector<int64_t> lo(rank, 0), hi(rank, 0), in(rank, 0);
+    hi[rank - 1] = to - have;
+    return b.pad(v, b.constant(b.dtype(v), 0), lo, hi, in);
+  };
+  (void)r;
+  Value q = L::householder_product(b, pad_last(refl, m), pad_last(t, m));
+  if (transpose) q = L::matrix_transpose(b, q, true);
+  Value c = op.input(other);
+  int64_t rank = b.type(c).rank();
+  std::vector<int64_t> batch;
+  for (int64_t i = 0; i < rank - 2; ++i) batch.push_back(i);
+  Value out = left ? b.dot_general(q, c, batch, batch, {rank - 1}, {rank - 2}, b.dtype(c))
+                   : b.dot_general(c, q, batch, batch, {rank - 1}, {rank - 2}, b.dtype(c));
+  return finish_all(op, {{out, other.scalar_type()}})[0];
+}
+Tensor& ormqr_out(const Tensor& reflectors, const Tensor& tau, const Tensor& other, bool left, bool transpose, Tensor& out) {
+  return write_out("ormqr", ormqr_k(reflectors, tau, other, left, transpose), out);
+}
+
 // ---------------------------------------------------------------- LU family
 
 // CPU's det and slogdet factor A^T when A is contiguous and real (LAPACK
@@ -493,6 +528,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("geqrf.a", geqrf_out);
   m.impl("linalg_householder_product", householder_product_k);
   m.impl("linalg_householder_product.out", householder_product_out);
+  m.impl("ormqr", ormqr_k);
+  m.impl("ormqr.out", ormqr_out);
   m.impl("linalg_lu_factor_ex", lu_factor_ex_k);
   m.impl("linalg_lu_factor_ex.out", lu_factor_ex_out);
   m.impl("linalg_lu", linalg_lu_k);

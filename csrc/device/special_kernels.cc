@@ -218,9 +218,78 @@ Tensor& nonzero_static_out(const Tensor& self, int64_t size, int64_t fill_value,
   return write_out("nonzero_static", nonzero_static_fn(self, size, fill_value), out);
 }
 
+// Unique values of the flattened input: sorted (or consecutive runs, unsorted),
+// with inverse indices and counts. The number of groups is data: one host read
+// of it, then one program for the results.
+std::tuple<Tensor, Tensor, Tensor> unique_flat(const char* name, const Tensor& self, bool sort, bool return_inverse,
+                                               bool return_counts) {
+  int64_t n = self.numel();
+  auto groups = [&](ir::Builder& b, Value flat) -> std::vector<Value> {
+    Value v = flat, perm = b.iota(ir::DType::S64, {n}, 0);
+    if (sort) {
+      auto sv = L::sort_with_indices(b, flat, 0, false);
+      v = sv[0];
+      perm = sv[1];
+    }
+    Value prev = b.concatenate({b.slice_dim(v, 0, 0, 1), b.slice_dim(v, 0, 0, n - 1)}, 0);
+    Value first = b.compare(b.iota(ir::DType::S64, {n}, 0), b.constant_int(ir::DType::S64, 0, {n}), "EQ");
+    Value is_new = b.binary("or", first, b.compare(v, prev, "NE"));
+    Value g = b.binary("subtract", L::cumulative(b, b.convert(is_new, ir::DType::S64), 0, "sum"),
+                       b.constant_int(ir::DType::S64, 1, {n}));
+    return {v, perm, g, is_new};
+  };
+  Tensor empty_long = at::empty({0}, self.options().dtype(at::kLong));
+  if (n == 0) {
+    return {at::empty({0}, self.options()), return_inverse ? at::empty(self.sizes(), self.options().dtype(at::kLong)) : empty_long,
+            return_counts ? empty_long : empty_long};
+  }
+  int64_t u;
+  {
+    OpBuilder count(std::string("aten::") + name);
+    auto& b = count.b();
+    auto gr = groups(b, b.reshape(count.input(self), {n}));
+    Value total = b.reduce_simple(b.convert(gr[3], ir::DType::S64), b.constant_int(ir::DType::S64, 0), {0}, "add");
+    Tensor t = count.output(total, at::kLong);
+    count.run();
+    u = t.item<int64_t>();
+  }
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  auto gr = groups(b, b.reshape(op.input(self), {n}));
+  Value values = L::scatter(b, b.constant(b.dtype(gr[0]), 0, {u}), 0, gr[2], gr[0], "");
+  std::vector<std::pair<Value, at::ScalarType>> results{{values, self.scalar_type()}};
+  if (return_inverse) {
+    Value inv = L::scatter(b, b.constant_int(ir::DType::S64, 0, {n}), 0, gr[1], gr[2], "");
+    results.push_back({b.reshape(inv, vec(self.sizes())), at::kLong});
+  }
+  if (return_counts) {
+    results.push_back({L::scatter(b, b.constant_int(ir::DType::S64, 0, {u}), 0, gr[2], b.constant_int(ir::DType::S64, 1, {n}), "add"),
+                       at::kLong});
+  }
+  std::vector<Tensor> out;
+  for (auto& [v, t] : results) out.push_back(op.output(v, t));
+  op.run();
+  size_t i = 1;
+  Tensor inverse = return_inverse ? out[i++] : empty_long;
+  Tensor counts = return_counts ? out[i++] : empty_long;
+  return {out[0], inverse, counts};
+}
+
+std::tuple<Tensor, Tensor, Tensor> unique2_fn(const Tensor& self, bool sorted, bool return_inverse, bool return_counts) {
+  // CPU sorts whether or not `sorted` is asked for.
+  (void)sorted;
+  return unique_flat("_unique2", self, true, return_inverse, return_counts);
+}
+std::tuple<Tensor, Tensor> unique_fn(const Tensor& self, bool sorted, bool return_inverse) {
+  auto [v, inv, c] = unique_flat("_unique", self, true, return_inverse, false);
+  return {v, inv};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_unique2", unique2_fn);
+  m.impl("_unique", unique_fn);
 #define REG_POLY(NAME, OP)                       \
   m.impl("special_" OP, NAME##_fn);              \
   m.impl("special_" OP ".out", NAME##_out);

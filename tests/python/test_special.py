@@ -1,0 +1,110 @@
+"""Special functions, integer math and data-dependent ops natively: the
+orthogonal polynomial families, Bessel aliases, gcd/lcm, frexp, narrow_copy,
+bincount, nonzero_static, unique, ormqr, against CPU with the CPU fallback
+forbidden."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import assert_close
+
+import torch_pjrt
+
+POLYNOMIALS = [
+    "chebyshev_polynomial_t", "chebyshev_polynomial_u", "chebyshev_polynomial_v", "chebyshev_polynomial_w",
+    "shifted_chebyshev_polynomial_t", "shifted_chebyshev_polynomial_u", "shifted_chebyshev_polynomial_v",
+    "shifted_chebyshev_polynomial_w", "hermite_polynomial_h", "hermite_polynomial_he", "laguerre_polynomial_l",
+    "legendre_polynomial_p",
+]
+
+
+@pytest.fixture(autouse=True)
+def _no_fallback():
+    with torch_pjrt.fallback_mode("error"):
+        yield
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+def test_orthogonal_polynomials(dev: torch.device, name: str) -> None:
+    torch.manual_seed(0)
+    x = torch.rand(64) * 2 - 1
+    n = torch.randint(-1, 10, (64,)).float()
+    fn = getattr(torch.special, name)
+    ref = fn(x.double(), n.double())
+    out = fn(x.to(dev), n.to(dev))
+    assert out.dtype == fn(x, n).dtype
+    # A degree-n recurrence accumulates about n rounding errors of the running values' size.
+    scale = 1 + ref.abs()
+    err = ((out.cpu().double() - ref).abs() / scale).max().item()
+    assert err <= 10 * 10 * torch.finfo(torch.float32).eps, err
+    # Broadcasting a scalar-like degree.
+    assert_close(fn(x.to(dev), torch.tensor(3.0).to(dev)), fn(x, torch.tensor(3.0)), rtol=1e-5, atol=1e-5)
+
+
+def test_bessel_aliases(dev: torch.device) -> None:
+    x = torch.linspace(-8, 8, 101)
+    for fn in (torch.special.modified_bessel_i0, torch.special.modified_bessel_i1):
+        ref = fn(x.double())
+        assert_close(fn(x.to(dev)), ref.float(), rtol=1e-5, atol=1e-5 * ref.abs().max().item())
+    assert_close(torch.special.spherical_bessel_j0(x.to(dev)), torch.special.spherical_bessel_j0(x), rtol=1e-6, atol=1e-6)
+
+
+def test_gcd_lcm(dev: torch.device) -> None:
+    torch.manual_seed(1)
+    a, b = torch.randint(-60, 60, (40,)), torch.randint(-60, 60, (40,))
+    a[:3], b[1:4] = 0, 0
+    assert_close(torch.gcd(a.to(dev), b.to(dev)), torch.gcd(a, b))
+    assert_close(torch.lcm(a.to(dev), b.to(dev)), torch.lcm(a, b))
+    c = a.to(dev).to(torch.int32)
+    c.gcd_(b.to(dev).to(torch.int32))
+    assert_close(c, torch.gcd(a, b).to(torch.int32))
+    with pytest.raises(RuntimeError, match="integer"):
+        torch.gcd(torch.ones(2).to(dev), torch.ones(2).to(dev))
+
+
+def test_frexp(dev: torch.device) -> None:
+    # Subnormal inputs are not covered: XLA's CPU code flushes them to zero.
+    v = torch.tensor([0.0, -0.0, 1.0, 0.5, 3.0, -7.25, 1e-30, float("inf"), float("nan"), 2.0**20, 0.75, -1e20])
+    for dtype in (torch.float32, torch.float64):
+        m, e = torch.frexp(v.to(dtype))
+        md, ed = torch.frexp(v.to(dtype).to(dev))
+        assert_close(md, m)
+        assert_close(ed, e)
+
+
+def test_data_movers(dev: torch.device) -> None:
+    torch.manual_seed(2)
+    t = torch.randn(4, 6)
+    assert_close(t.to(dev).narrow_copy(1, -4, 3), t.narrow_copy(1, -4, 3))
+    i, w = torch.randint(0, 7, (30,)), torch.rand(30)
+    assert_close(torch.bincount(i.to(dev)), torch.bincount(i))
+    assert_close(torch.bincount(i.to(dev), w.to(dev), minlength=10), torch.bincount(i, w, minlength=10))
+    with pytest.raises(RuntimeError, match="non-negative"):
+        torch.bincount(torch.tensor([1, -1]).to(dev))
+    z = (torch.randn(3, 4) > 0.3).float()
+    for size in (0, 2, 5, 20):
+        assert_close(torch.nonzero_static(z.to(dev), size=size), torch.nonzero_static(z, size=size))
+        assert_close(torch.nonzero_static(z.to(dev), size=size, fill_value=7), torch.nonzero_static(z, size=size, fill_value=7))
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(return_inverse=True), dict(return_counts=True),
+                                dict(return_inverse=True, return_counts=True)], ids=["plain", "inverse", "counts", "both"])
+def test_unique(dev: torch.device, kw: dict) -> None:
+    torch.manual_seed(3)
+    x = torch.randint(0, 6, (4, 5))
+    got, ref = torch.unique(x.to(dev), **kw), torch.unique(x, **kw)
+    for g, r in zip(got if isinstance(got, tuple) else (got,), ref if isinstance(ref, tuple) else (ref,)):
+        assert_close(g, r)
+    assert torch.unique(torch.tensor([]).to(dev)).numel() == 0
+
+
+def test_ormqr(dev: torch.device) -> None:
+    torch.manual_seed(4)
+    a = torch.randn(5, 3, dtype=torch.float64)
+    refl, tau = torch.geqrf(a)
+    c = torch.randn(5, 2, dtype=torch.float64)
+    for left, transpose, other in ((True, False, c), (True, True, c), (False, False, c.T), (False, True, c.T)):
+        ref = torch.ormqr(refl, tau, other, left, transpose)
+        out = torch.ormqr(refl.float().to(dev), tau.float().to(dev), other.float().to(dev), left, transpose)
+        assert_close(out, ref.float(), rtol=1e-5, atol=1e-5)
