@@ -40,7 +40,7 @@ def tolerance(dtype: torch.dtype) -> Tolerance:
 
 # The dtypes the harness tries, in order; an op gets those of them that it claims on
 # the CPU (OpInfo.supported_dtypes("cpu")).
-DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool)
+DTYPES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool, torch.complex64)
 DTYPE_NAMES: dict[str, torch.dtype] = {str(d).removeprefix("torch."): d for d in DTYPES}
 
 # Samples per op per dtype: at most this many, spread evenly over the op's
