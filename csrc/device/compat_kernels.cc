@@ -457,9 +457,152 @@ Tensor repeat_interleave_k(const Tensor& repeats, std::optional<int64_t> output_
   return at::searchsorted(ends, positions, /*out_int32=*/false, /*right=*/true).to(repeats.scalar_type());
 }
 
+// ---------------------------------------------------------------- convolution and pooling entry points
+
+std::vector<int64_t> ones(size_t n) { return std::vector<int64_t>(n, 1); }
+std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }
+
+// The legacy slow_conv* entry points are plain convolutions: the one native kernel.
+Tensor slow_conv_k(const Tensor& self, const Tensor& weight, const std::optional<Tensor>& bias, c10::IntArrayRef stride,
+                 c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, c10::IntArrayRef output_padding) {
+  return at::convolution(self, weight, bias, stride, padding, dilation, transposed, output_padding, 1);
+}
+Tensor slow_conv3d_forward_k(const Tensor& s, const Tensor& w, c10::IntArrayRef, const std::optional<Tensor>& bias,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding) {
+  return slow_conv_k(s, w, bias, stride, padding, ones(3), false, zeros(3));
+}
+Tensor& slow_conv3d_forward_out(const Tensor& s, const Tensor& w, c10::IntArrayRef k, const std::optional<Tensor>& bias,
+                                c10::IntArrayRef stride, c10::IntArrayRef padding, Tensor& out) {
+  return write_out("slow_conv3d_forward", slow_conv3d_forward_k(s, w, k, bias, stride, padding), out);
+}
+Tensor slow_conv2d_forward_k(const Tensor& s, const Tensor& w, c10::IntArrayRef, const std::optional<Tensor>& bias,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding) {
+  return slow_conv_k(s, w, bias, stride, padding, ones(2), false, zeros(2));
+}
+Tensor& slow_conv2d_forward_out(const Tensor& s, const Tensor& w, c10::IntArrayRef k, const std::optional<Tensor>& bias,
+                                c10::IntArrayRef stride, c10::IntArrayRef padding, Tensor& out) {
+  return write_out("_slow_conv2d_forward", slow_conv2d_forward_k(s, w, k, bias, stride, padding), out);
+}
+std::tuple<Tensor, Tensor, Tensor> slow_conv2d_backward_k(const Tensor& grad, const Tensor& self, const Tensor& weight,
+                                                        c10::IntArrayRef, c10::IntArrayRef stride,
+                                                        c10::IntArrayRef padding, std::array<bool, 3> mask) {
+  return at::convolution_backward(grad, self, weight, std::vector<int64_t>{weight.size(0)}, stride, padding, ones(2),
+                                  false, zeros(2), 1, mask);
+}
+Tensor slow_conv_dilated_k(const Tensor& s, const Tensor& w, c10::IntArrayRef, const std::optional<Tensor>& bias,
+                         c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation) {
+  return slow_conv_k(s, w, bias, stride, padding, dilation, false, zeros(dilation.size()));
+}
+Tensor slow_conv_transpose_k(const Tensor& s, const Tensor& w, c10::IntArrayRef, const std::optional<Tensor>& bias,
+                           c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef output_padding,
+                           c10::IntArrayRef dilation) {
+  return slow_conv_k(s, w, bias, stride, padding, dilation, true, output_padding);
+}
+Tensor& slow_conv_transpose_out(const Tensor& s, const Tensor& w, c10::IntArrayRef k, const std::optional<Tensor>& bias,
+                                c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef output_padding,
+                                c10::IntArrayRef dilation, Tensor& out) {
+  return write_out("slow_conv_transpose", slow_conv_transpose_k(s, w, k, bias, stride, padding, output_padding, dilation), out);
+}
+
+Tensor& adaptive_avg_pool2d_out(const Tensor& self, c10::IntArrayRef output_size, Tensor& out) {
+  return write_out("adaptive_avg_pool2d", at::_adaptive_avg_pool2d(self, output_size), out);
+}
+Tensor& adaptive_avg_pool3d_out(const Tensor& self, c10::IntArrayRef output_size, Tensor& out) {
+  return write_out("adaptive_avg_pool3d", at::_adaptive_avg_pool3d(self, output_size), out);
+}
+Tensor& adaptive_avg_pool3d_backward_out(const Tensor& grad, const Tensor& self, Tensor& grad_input) {
+  return write_out("adaptive_avg_pool3d_backward", at::_adaptive_avg_pool3d_backward(grad, self), grad_input);
+}
+
+// Batch statistics (biased variance) and the running-stat update with the unbiased one, as CPU.
+std::tuple<Tensor, Tensor> batch_norm_update_stats_k(const Tensor& input, const std::optional<Tensor>& running_mean,
+                                                   const std::optional<Tensor>& running_var, double momentum) {
+  TORCH_CHECK(input.dim() >= 2, "batch_norm_update_stats: expected at least 2D input");
+  std::vector<int64_t> dims{0};
+  for (int64_t d = 2; d < input.dim(); ++d) dims.push_back(d);
+  Tensor mean = input.mean(dims);
+  Tensor var = input.var(dims, /*correction=*/0, /*keepdim=*/false);
+  int64_t n = input.numel() / std::max<int64_t>(input.size(1), 1);
+  if (running_mean && running_mean->defined()) running_mean->mul_(1 - momentum).add_(mean, momentum);
+  if (running_var && running_var->defined()) {
+    running_var->mul_(1 - momentum).add_(var * (static_cast<double>(n) / std::max<int64_t>(n - 1, 1)), momentum);
+  }
+  return {mean, var};
+}
+
+// ---------------------------------------------------------------- pairwise distances
+
+Tensor cdist_forward_k(const Tensor& x1, const Tensor& x2, double p, std::optional<int64_t> compute_mode) {
+  TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
+  TORCH_CHECK(x1.dim() >= 2 && x2.dim() >= 2 && x1.size(-1) == x2.size(-1),
+              "X1 and X2 must have the same number of columns. X1: ", x1.size(-1), " X2: ", x2.size(-1));
+  (void)compute_mode;  // the direct form always: the matmul shortcut only changes rounding
+  Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
+  return at::linalg_vector_norm(diff, p, {-1});
+}
+
+Tensor cdist_backward_k(const Tensor& grad, const Tensor& x1, const Tensor& x2, double p, const Tensor& cdist) {
+  Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);  // [..., P, R, M]
+  Tensor g = grad.unsqueeze(-1), d = cdist.unsqueeze(-1);
+  Tensor per;
+  if (p == 0) {
+    per = at::zeros_like(diff);
+  } else if (p == 1) {
+    per = diff.sign();
+  } else if (std::isinf(p)) {
+    per = diff.sign() * (diff.abs() == d).to(diff.scalar_type());
+  } else if (p < 1) {
+    per = at::where(diff == 0, at::zeros_like(diff), diff.sign() * diff.abs().pow(p - 1) / d.pow(p - 1));
+  } else {
+    Tensor safe = at::where(d == 0, at::ones_like(d), d);
+    per = at::where(d == 0, at::zeros_like(diff), diff * diff.abs().pow(p - 2) / safe.pow(p - 1));
+  }
+  return (g * per).sum(-2);
+}
+
+Tensor pdist_forward_k(const Tensor& self, double p) {
+  TORCH_CHECK(self.dim() == 2, "pdist only supports 2D tensors, got: ", self.dim(), "D");
+  TORCH_CHECK(p >= 0, "pdist only supports non-negative p values");
+  int64_t n = self.size(0);
+  if (n <= 1) return at::empty({0}, self.options());
+  Tensor pairs = at::triu_indices(n, n, 1, self.options().dtype(at::kLong));
+  return cdist_forward_k(self.index_select(0, pairs[0]).unsqueeze(-2), self.index_select(0, pairs[1]).unsqueeze(-2), p,
+                       std::nullopt)
+      .reshape({-1});
+}
+
+Tensor pdist_backward_k(const Tensor& grad, const Tensor& self, double p, const Tensor& pdist) {
+  int64_t n = self.size(0);
+  if (n <= 1) return at::zeros_like(self);
+  Tensor pairs = at::triu_indices(n, n, 1, self.options().dtype(at::kLong));
+  Tensor g = at::zeros({n, n}, grad.options()).index_put_({pairs[0], pairs[1]}, grad);
+  Tensor d = at::zeros({n, n}, pdist.options()).index_put_({pairs[0], pairs[1]}, pdist);
+  // d(x_i, x_j) depends on both rows: the pair's gradient reaches row i and row j.
+  return cdist_backward_k(g + g.t(), self, self, p, d + d.t());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("slow_conv3d_forward", slow_conv3d_forward_k);
+  m.impl("slow_conv3d_forward.output", slow_conv3d_forward_out);
+  m.impl("_slow_conv2d_forward", slow_conv2d_forward_k);
+  m.impl("_slow_conv2d_forward.output", slow_conv2d_forward_out);
+  m.impl("_slow_conv2d_backward.output_mask", slow_conv2d_backward_k);
+  m.impl("slow_conv_dilated2d", slow_conv_dilated_k);
+  m.impl("slow_conv_dilated3d", slow_conv_dilated_k);
+  m.impl("slow_conv_transpose2d", slow_conv_transpose_k);
+  m.impl("slow_conv_transpose2d.out", slow_conv_transpose_out);
+  m.impl("slow_conv_transpose3d", slow_conv_transpose_k);
+  m.impl("slow_conv_transpose3d.out", slow_conv_transpose_out);
+  m.impl("adaptive_avg_pool2d.out", adaptive_avg_pool2d_out);
+  m.impl("adaptive_avg_pool3d.out", adaptive_avg_pool3d_out);
+  m.impl("adaptive_avg_pool3d_backward.grad_input", adaptive_avg_pool3d_backward_out);
+  m.impl("batch_norm_update_stats", batch_norm_update_stats_k);
+  m.impl("_cdist_forward", cdist_forward_k);
+  m.impl("_cdist_backward", cdist_backward_k);
+  m.impl("_pdist_forward", pdist_forward_k);
+  m.impl("_pdist_backward", pdist_backward_k);
   m.impl("__lshift__.Tensor", lshift_t);
   m.impl("__lshift__.Scalar", lshift_s);
   m.impl("__rshift__.Tensor", rshift_t);
