@@ -17,7 +17,7 @@ echo "== Python tests, strict eager"
 TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 echo "== Python tests, fused eager"
 FUSED=""
-for t in ops ops_extra out_variants nn rnn complex linalg layouts special compat views foreach rng training models hf pretrained autocast serialization errors conformance; do
+for t in ops ops_extra out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors conformance; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
 # shellcheck disable=SC2086

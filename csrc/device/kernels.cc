@@ -1207,6 +1207,16 @@ std::vector<at::Tensor> expand_index_list(const at::Tensor& self, const c10::Lis
     // CPU index tensors are allowed, as on CUDA: move them over.
     at::Tensor ix = i->device() == self.device() ? *i : i->to(self.device());
     if (ix.scalar_type() == at::kBool || ix.scalar_type() == at::kByte) {
+      if (ix.scalar_type() == at::kByte) {
+        TORCH_WARN("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.");
+      }
+      // A mask covers as many dims as it has, and must match them (as CPU checks).
+      int64_t pos = static_cast<int64_t>(out.size());
+      TORCH_CHECK_INDEX(pos + ix.dim() <= self.dim(), "too many indices for tensor of dimension ", self.dim());
+      for (int64_t j = 0; j < ix.dim(); ++j) {
+        TORCH_CHECK_INDEX(ix.size(j) == self.size(pos + j), "The shape of the mask ", ix.sizes(), " at index ", j,
+                          " does not match the shape of the indexed tensor ", self.sizes(), " at index ", pos + j);
+      }
       at::Tensor nz = ix.nonzero();
       for (int64_t k = 0; k < ix.dim(); ++k) out.push_back(nz.select(1, k));
     } else {
@@ -1242,10 +1252,37 @@ IndexPlan plan_index(const at::Tensor& self, const std::vector<at::Tensor>& idx)
   return p;
 }
 
+// A dim of size 0 indexed by a non-empty index: every index is out of range,
+// known without reading it (CPU raises at once too).
+void check_indexing_empty_dims(const IndexPlan& p) {
+  for (size_t k = 0; k < p.index.size(); ++k) {
+    TORCH_CHECK_INDEX(p.src.size(static_cast<int64_t>(k)) > 0 || p.index[k].numel() == 0,
+                      "index is out of bounds for dimension with size 0");
+  }
+}
+
+bool indexing_is_empty(const IndexPlan& p) {
+  if (p.src.numel() == 0) return true;
+  for (const at::Tensor& i : p.index)
+    if (i.numel() == 0) return true;
+  return false;
+}
+
 at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   std::vector<at::Tensor> idx = expand_index_list(self, indices);
   IndexPlan p = plan_index(self, idx);
   TORCH_CHECK_INDEX(!p.index.empty(), "index: at least one index must be a tensor");
+  check_indexing_empty_dims(p);
+  if (indexing_is_empty(p)) {
+    // Nothing to read: the result's shape from the meta device (no program with zero-size slices).
+    c10::List<std::optional<at::Tensor>> meta;
+    for (const at::Tensor& i : idx) {
+      meta.push_back(i.defined() ? std::optional<at::Tensor>(at::empty(i.sizes(), i.options().device(at::kMeta)))
+                                 : std::optional<at::Tensor>());
+    }
+    at::Tensor shape = at::index(at::empty(self.sizes(), self.options().device(at::kMeta)), meta);
+    return at::empty(shape.sizes(), self.options());
+  }
   OpBuilder op("aten::index");
   std::vector<Value> vs;
   for (size_t k = 0; k < p.index.size(); ++k) {
@@ -1277,9 +1314,16 @@ at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Te
 
 at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
                            const at::Tensor& values, bool accumulate, bool unsafe) {
+  if (indices.size() == 1 && indices.get(0).has_value() && indices.get(0)->scalar_type() == at::kByte &&
+      values.numel() == 1) {
+    // CPU turns this form into masked_fill_, which refuses uint8 masks.
+    TORCH_CHECK(false, "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char");
+  }
   std::vector<at::Tensor> idx = expand_index_list(self, indices);
   IndexPlan p = plan_index(self, idx);
   TORCH_CHECK_INDEX(!p.index.empty(), "index_put_: at least one index must be a tensor");
+  check_indexing_empty_dims(p);
+  if (indexing_is_empty(p)) return self;
   TORCH_CHECK(values.scalar_type() == self.scalar_type() || values.dim() == 0,
               "Index put requires the source and destination dtypes match, got ", self.scalar_type(),
               " for the destination and ", values.scalar_type(), " for the source.");

@@ -6,6 +6,8 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include <cstring>
+
 #include "device/context.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
@@ -73,6 +75,15 @@ std::function<Value(OpBuilder&, Value, const std::vector<int64_t>&)> source_rows
     auto& b = op.b();
     int64_t rank = std::max<int64_t>(self.dim(), 1);
     int64_t d = at::maybe_wrap_dim(dim, rank);
+    if (source.dim() > 0 && rows_shape[0] != source.size(d)) {
+      // CPU's wording and error type differ between the two ops.
+      if (std::strcmp(name, "index_copy") == 0) {
+        TORCH_CHECK_INDEX(false, name, "_(): Number of indices (", rows_shape[0], ") should be equal to source.size(dim) (",
+                          source.size(d), ")");
+      }
+      TORCH_CHECK(false, name, "_(): Number of indices (", rows_shape[0], ") should be equal to source.size(dim): (",
+                  source.size(d), "), for dim: ", d);
+    }
     Value s = op.input(source);
     if (source.dim() == 0) s = b.reshape(s, {1});
     Value st = b.transpose(s, front_perm(rank, d));

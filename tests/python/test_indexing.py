@@ -1,0 +1,71 @@
+"""Indexing edge cases behave as on CPU: empty index lists and zero-size
+dims, masks of the wrong shape, uint8 masks (deprecated: warned, or refused
+where CPU refuses them), out-of-range indices on empty dims, and the
+index_copy/index_add size checks, with CPU's error types and messages."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from conftest import assert_close
+
+
+def arange(*shape: int) -> torch.Tensor:
+    n = 1
+    for s in shape:
+        n *= s
+    return torch.arange(float(n)).reshape(shape)
+
+
+@pytest.mark.parametrize("case", [
+    lambda t, d: t(0, 3)[[]],
+    lambda t, d: t(0, 3)[torch.tensor([], dtype=torch.long, device=d)],
+    lambda t, d: t(3, 0)[:, torch.tensor([], dtype=torch.long, device=d)],
+    lambda t, d: t(0)[torch.tensor([], dtype=torch.bool, device=d)],
+    lambda t, d: t(5, 3)[[]],
+    lambda t, d: t(2, 0, 4)[torch.tensor([1, 0], device=d)],
+], ids=["list-zero-dim", "tensor-zero-dim", "zero-size-second-dim", "empty-bool", "empty-list", "zero-size-inner"])
+def test_empty_indexing(dev: torch.device, case) -> None:
+    ref = case(lambda *s: arange(*s), torch.device("cpu"))
+    out = case(lambda *s: arange(*s).to(dev), dev)
+    assert out.shape == ref.shape
+    assert_close(out, ref)
+
+
+def _raises_like_cpu(dev: torch.device, fn) -> None:
+    with pytest.raises(Exception) as cpu_error:
+        fn(torch.device("cpu"))
+    with pytest.raises(type(cpu_error.value)) as dev_error:
+        fn(dev)
+    assert str(dev_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: arange(5, 3).to(d)[torch.tensor([True, False], device=d)],
+    lambda d: arange(2, 3, 4).to(d)[torch.tensor([[True, False], [False, True]], device=d)],
+    lambda d: arange(0, 3).to(d)[torch.tensor([0], device=d)],
+    lambda d: arange(0, 3).to(d)[[0]],
+    lambda d: arange(5).to(d).__setitem__(torch.tensor([1, 0, 1, 0, 1], dtype=torch.uint8, device=d), 0.0),
+    lambda d: torch.zeros(5, 3, device=d).index_copy_(0, torch.tensor([0, 1], device=d), arange(3, 3).to(d)),
+    lambda d: torch.zeros(5, 3, device=d).index_add_(0, torch.tensor([0, 1], device=d), arange(3, 3).to(d)),
+], ids=["mask-shape", "2d-mask-shape", "index-empty-dim", "list-empty-dim", "uint8-mask-fill", "index-copy-count",
+        "index-add-count"])
+def test_errors_match_cpu(dev: torch.device, case) -> None:
+    _raises_like_cpu(dev, case)
+
+
+def test_uint8_masks_warn_like_cpu(dev: torch.device) -> None:
+    mask = torch.tensor([1, 0, 1, 0, 1], dtype=torch.uint8)
+    with warnings.catch_warnings(record=True) as cpu_w:
+        warnings.simplefilter("always")
+        ref = arange(5)[mask]
+    with warnings.catch_warnings(record=True) as dev_w:
+        warnings.simplefilter("always")
+        out = arange(5).to(dev)[mask.to(dev)]
+    assert_close(out, ref)
+    def messages(ws: list) -> list:  # the text, without where it was triggered
+        return [str(w.message).split(" (Triggered")[0] for w in ws if "uint8" in str(w.message)]
+
+    assert messages(dev_w) == messages(cpu_w) and messages(dev_w)
