@@ -10,13 +10,12 @@
 #include <cmath>
 
 #include "device/context.h"
+#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 #include "lowering/ops.h"
 
 namespace torch_pjrt::device {
-
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // device/fallback.cc
 
 namespace {
 

@@ -40,7 +40,7 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
 }  // namespace
 
 // An op run on the CPU on purpose (a case its pjrt kernel does not cover): counted like any fallback.
-void run_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) { pjrt_cpu_fallback(op, stack); }
+void run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) { pjrt_cpu_fallback(op, stack); }
 
 void set_fallback_mode(FallbackMode mode) { g_fallback_mode = static_cast<int>(mode); }
 FallbackMode fallback_mode() { return static_cast<FallbackMode>(g_fallback_mode.load()); }

@@ -2,6 +2,12 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+namespace c10 {
+class OperatorHandle;
+struct IValue;
+}  // namespace c10
 
 namespace torch_pjrt::device {
 
@@ -12,5 +18,9 @@ void set_fallback_mode(FallbackMode mode);
 FallbackMode fallback_mode();
 // Called for every fallback in Log mode (the Python side prints the user's line).
 void set_fallback_logger(FallbackLogger logger);
+
+// Runs an op on the CPU on purpose (a case its pjrt kernel does not cover),
+// counted, warned and forbidden like any fallback. `stack` is the boxed call.
+void run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack);
 
 }  // namespace torch_pjrt::device

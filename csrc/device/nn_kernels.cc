@@ -2,9 +2,11 @@
 // normalization, resampling, padding, scans/sorting and losses. Each kernel
 // checks its arguments like the CPU kernel does, then lowers through lowering/nn.h.
 #include <ATen/WrapDimUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 
@@ -1327,6 +1329,48 @@ void check_cell(const char* name, const at::Tensor& input_gates, const at::Tenso
               name, ": expected gates of shape [batch, ", gates, " * hidden] and a state [batch, hidden], got ",
               input_gates.sizes(), ", ", hidden_gates.sizes(), " and ", state.sizes());
 }
+// ---------------------------------------------------------------- grid sampling
+
+void check_grid_sampler(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding) {
+  TORCH_CHECK(input.dim() == 4 && grid.dim() == 4, "grid_sampler(): expected 4D input and grid with same number of dimensions, but got input with sizes ",
+              input.sizes(), " and grid with sizes ", grid.sizes());
+  TORCH_CHECK(input.size(0) == grid.size(0), "grid_sampler(): expected grid and input to have same batch size, but got input with sizes ",
+              input.sizes(), " and grid with sizes ", grid.sizes());
+  TORCH_CHECK(grid.size(-1) == 2, "grid_sampler(): expected grid to have size 2 in last dimension, but got grid with sizes ", grid.sizes());
+  TORCH_CHECK(mode >= 0 && mode <= 2 && padding >= 0 && padding <= 2, "grid_sampler(): unknown interpolation or padding mode");
+  TORCH_CHECK(input.size(2) > 0 && input.size(3) > 0, "grid_sampler(): expected input to have non-empty spatial dimensions");
+}
+
+at::Tensor grid_sampler_2d_fn(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding, bool align) {
+  check_grid_sampler(input, grid, mode, padding);
+  OpBuilder op("aten::grid_sampler_2d");
+  auto& b = op.b();
+  ir::DType dt = L::accumulate_type(to_ir(input.scalar_type()));
+  Value r = L::grid_sample_2d(b, b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
+  return finish(op, r, input.scalar_type(), nullptr);
+}
+
+std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward_fn(const at::Tensor& grad, const at::Tensor& input,
+                                                               const at::Tensor& grid, int64_t mode, int64_t padding,
+                                                               bool align, std::array<bool, 2> mask) {
+  check_grid_sampler(input, grid, mode, padding);
+  if (mode == 2) {
+    // Bicubic's backward has no lowering: the CPU kernel, counted as a fallback.
+    static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::grid_sampler_2d_backward", "");
+    torch::jit::Stack stack{grad, input, grid, mode, padding, align, std::vector<bool>{mask[0], mask[1]}};
+    run_on_cpu(handle, &stack);
+    return {stack[0].toTensor(), stack[1].toTensor()};
+  }
+  OpBuilder op("aten::grid_sampler_2d_backward");
+  auto& b = op.b();
+  ir::DType dt = L::accumulate_type(to_ir(input.scalar_type()));
+  auto r = L::grid_sample_2d_backward(b, op.input(grad), b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
+  at::Tensor gi = mask[0] ? op.output(r[0], input.scalar_type()) : at::Tensor();
+  at::Tensor gg = mask[1] ? op.output(r[1], grid.scalar_type()) : at::Tensor();
+  op.run();
+  return {gi, gg};
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
@@ -1386,6 +1430,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> thnn_fuse
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("grid_sampler_2d", grid_sampler_2d_fn);
+  m.impl("grid_sampler_2d_backward", grid_sampler_2d_backward_fn);
   m.impl("_thnn_fused_lstm_cell", thnn_fused_lstm_cell);
   m.impl("_thnn_fused_lstm_cell_backward_impl", thnn_fused_lstm_cell_backward_impl);
   m.impl("_thnn_fused_gru_cell", thnn_fused_gru_cell);
