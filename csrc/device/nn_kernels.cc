@@ -1371,6 +1371,98 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward_fn(const at::Tensor&
   return {gi, gg};
 }
 
+// ---------------------------------------------------------------- CTC loss
+
+// The targets as [N, max target length], padded (1-d concatenated targets gathered by offsets).
+at::Tensor padded_targets(const at::Tensor& log_probs, const at::Tensor& targets, c10::IntArrayRef target_lengths) {
+  int64_t n = static_cast<int64_t>(target_lengths.size());
+  int64_t max_len = 0;
+  for (int64_t l : target_lengths) {
+    TORCH_CHECK(l >= 0, "ctc_loss: target lengths must be non-negative");
+    max_len = std::max(max_len, l);
+  }
+  at::Tensor t = targets.device() == log_probs.device() ? targets : targets.to(log_probs.device());
+  if (t.dim() == 2) {
+    TORCH_CHECK(t.size(0) == n && t.size(1) >= max_len, "ctc_loss: expected targets of shape [", n, ", >= ", max_len,
+                "], got ", t.sizes());
+    return t.slice(1, 0, max_len);
+  }
+  TORCH_CHECK(t.dim() == 1, "ctc_loss: targets must be 1-d (concatenated) or 2-d (padded), got ", t.dim(), "-d");
+  std::vector<int64_t> idx;
+  int64_t offset = 0;
+  for (int64_t l : target_lengths) {
+    for (int64_t s = 0; s < max_len; ++s) idx.push_back(l > 0 ? offset + std::min(s, l - 1) : 0);
+    offset += l;
+  }
+  TORCH_CHECK(t.numel() >= offset, "ctc_loss: expected at least ", offset, " concatenated targets, got ", t.numel());
+  if (max_len == 0 || t.numel() == 0) return at::zeros({n, max_len}, t.options().dtype(at::kLong));
+  at::Tensor index = at::tensor(idx, at::TensorOptions().dtype(at::kLong)).to(log_probs.device());
+  return t.index_select(0, index).view({n, max_len});
+}
+
+void check_ctc(const at::Tensor& log_probs, c10::IntArrayRef input_lengths, c10::IntArrayRef target_lengths, int64_t blank) {
+  TORCH_CHECK(log_probs.dim() == 3, "ctc_loss: expected log_probs of shape [T, N, C], got ", log_probs.sizes());
+  TORCH_CHECK(log_probs.scalar_type() == at::kFloat || log_probs.scalar_type() == at::kDouble,
+              "ctc_loss: expected float or double log_probs, got ", log_probs.scalar_type());
+  int64_t t = log_probs.size(0), n = log_probs.size(1), c = log_probs.size(2);
+  TORCH_CHECK(blank >= 0 && blank < c, "blank must be in label range");
+  TORCH_CHECK(static_cast<int64_t>(input_lengths.size()) == n, "input_lengths must be of size batch_size");
+  TORCH_CHECK(static_cast<int64_t>(target_lengths.size()) == n, "target_lengths must be of size batch_size");
+  for (int64_t l : input_lengths) {
+    TORCH_CHECK(l >= 0 && l <= t, "Expected input_lengths to have value at most ", t, ", but got value ", l);
+  }
+}
+
+at::Tensor lengths_on(const at::Tensor& like, c10::IntArrayRef lengths) {
+  return at::tensor(std::vector<int64_t>(lengths.begin(), lengths.end()), at::TensorOptions().dtype(at::kLong)).to(like.device());
+}
+
+std::tuple<at::Tensor, at::Tensor> ctc_loss_fn(const at::Tensor& log_probs, const at::Tensor& targets,
+                                               c10::IntArrayRef input_lengths, c10::IntArrayRef target_lengths,
+                                               int64_t blank, bool zero_infinity) {
+  (void)zero_infinity;  // applied by ctc_loss above this op (and in its backward), as on CPU
+  check_ctc(log_probs, input_lengths, target_lengths, blank);
+  at::Tensor tg = padded_targets(log_probs, targets, target_lengths);
+  at::Tensor il = lengths_on(log_probs, input_lengths), tl = lengths_on(log_probs, target_lengths);
+  OpBuilder op("aten::_ctc_loss");
+  auto r = L::ctc_loss(op.b(), op.input(log_probs), op.input(tg), op.input(il), op.input(tl), blank);
+  at::Tensor nll = op.output(r[0], log_probs.scalar_type());
+  at::Tensor alpha = op.output(r[1], log_probs.scalar_type());
+  op.run();
+  return {nll, alpha};
+}
+
+std::vector<int64_t> host_lengths(const at::Tensor& t) {
+  at::Tensor h = t.to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(h.data_ptr<int64_t>(), h.data_ptr<int64_t>() + h.numel());
+}
+
+std::tuple<at::Tensor, at::Tensor> ctc_loss_tensor_fn(const at::Tensor& log_probs, const at::Tensor& targets,
+                                                      const at::Tensor& input_lengths, const at::Tensor& target_lengths,
+                                                      int64_t blank, bool zero_infinity) {
+  return ctc_loss_fn(log_probs, targets, host_lengths(input_lengths), host_lengths(target_lengths), blank, zero_infinity);
+}
+
+at::Tensor ctc_loss_backward_fn(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& targets,
+                                c10::IntArrayRef input_lengths, c10::IntArrayRef target_lengths, const at::Tensor& nll,
+                                const at::Tensor& log_alpha, int64_t blank, bool zero_infinity) {
+  check_ctc(log_probs, input_lengths, target_lengths, blank);
+  at::Tensor tg = padded_targets(log_probs, targets, target_lengths);
+  at::Tensor il = lengths_on(log_probs, input_lengths), tl = lengths_on(log_probs, target_lengths);
+  OpBuilder op("aten::_ctc_loss_backward");
+  Value r = L::ctc_loss_backward(op.b(), op.input(grad), op.input(log_probs), op.input(tg), op.input(il), op.input(tl),
+                                 op.input(nll), op.input(log_alpha), blank, zero_infinity);
+  return finish(op, r, log_probs.scalar_type(), nullptr);
+}
+
+at::Tensor ctc_loss_backward_tensor_fn(const at::Tensor& grad, const at::Tensor& log_probs, const at::Tensor& targets,
+                                       const at::Tensor& input_lengths, const at::Tensor& target_lengths,
+                                       const at::Tensor& nll, const at::Tensor& log_alpha, int64_t blank,
+                                       bool zero_infinity) {
+  return ctc_loss_backward_fn(grad, log_probs, targets, host_lengths(input_lengths), host_lengths(target_lengths), nll,
+                              log_alpha, blank, zero_infinity);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
@@ -1430,6 +1522,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> thnn_fuse
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_ctc_loss", ctc_loss_fn);
+  m.impl("_ctc_loss.Tensor", ctc_loss_tensor_fn);
+  m.impl("_ctc_loss_backward", ctc_loss_backward_fn);
+  m.impl("_ctc_loss_backward.Tensor", ctc_loss_backward_tensor_fn);
   m.impl("grid_sampler_2d", grid_sampler_2d_fn);
   m.impl("grid_sampler_2d_backward", grid_sampler_2d_backward_fn);
   m.impl("_thnn_fused_lstm_cell", thnn_fused_lstm_cell);

@@ -112,4 +112,12 @@ Value grid_sample_2d(Builder& b, Value input, Value grid, int64_t mode, int64_t 
 std::vector<Value> grid_sample_2d_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode,
                                            int64_t padding, bool align_corners);
 
+// CTC loss over log_probs [T, N, C] with padded targets [N, S] and per-sequence
+// lengths [N]: {neg_log_likelihood [N], log_alpha [N, T, 2S + 1]}; the
+// backward is the gradient with respect to log_probs ([T, N, C]).
+std::vector<Value> ctc_loss(Builder& b, Value log_probs, Value targets, Value input_lengths, Value target_lengths,
+                            int64_t blank);
+Value ctc_loss_backward(Builder& b, Value grad, Value log_probs, Value targets, Value input_lengths, Value target_lengths,
+                        Value nll, Value log_alpha, int64_t blank, bool zero_infinity);
+
 }  // namespace torch_pjrt::lowering

@@ -365,3 +365,37 @@ def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
     torch.testing.assert_close(y.cpu(), ref.float().detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx.grad.cpu(), ref_x.grad.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dg.grad.cpu(), ref_g.grad.float(), rtol=1e-4, atol=1e-4 * ref_g.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("concatenated", [False, True], ids=["padded", "concatenated"])
+def test_ctc_loss_matches_cpu(dev, reduction, concatenated):
+    gen = torch.Generator().manual_seed(0)
+    T, N, C, S = 12, 3, 6, 4
+    log_probs = torch.randn(T, N, C, dtype=torch.float64, generator=gen).log_softmax(2)
+    targets = torch.randint(1, C, (N, S), generator=gen)
+    input_lengths, target_lengths = torch.tensor([12, 9, 7]), torch.tensor([4, 2, 3])
+    if concatenated:
+        targets = torch.cat([targets[i, : target_lengths[i]] for i in range(N)])
+    ref = log_probs.clone().requires_grad_()
+    xd = log_probs.float().to(dev).requires_grad_()
+    with torch_pjrt.fallback_mode("error"):
+        loss = F.ctc_loss(xd, targets.to(dev), input_lengths.to(dev), target_lengths.to(dev), reduction=reduction)
+        w = torch.randn(loss.shape, dtype=torch.float64, generator=gen)
+        (loss * w.float().to(dev)).sum().backward()
+    expected = F.ctc_loss(ref, targets, input_lengths, target_lengths, reduction=reduction)
+    (expected * w).sum().backward()
+    # T steps of log-sum-exp in float32: about T ulps of the loss.
+    torch.testing.assert_close(loss.cpu(), expected.float().detach(), rtol=T * 1e-6, atol=T * 1e-6)
+    torch.testing.assert_close(xd.grad.cpu(), ref.grad.float(), rtol=1e-5, atol=T * 1e-6)
+
+
+def test_ctc_loss_impossible_alignment(dev):
+    # Four repeated labels need at least 7 frames: infinite loss, or zero with zero_infinity (as on CPU).
+    gen = torch.Generator().manual_seed(1)
+    log_probs = torch.randn(3, 1, 6, generator=gen).log_softmax(2)
+    targets = torch.tensor([[1, 1, 1, 1]])
+    for zero_infinity in (False, True):
+        ref = F.ctc_loss(log_probs, targets, [3], [4], reduction="none", zero_infinity=zero_infinity)
+        got = F.ctc_loss(log_probs.to(dev), targets.to(dev), [3], [4], reduction="none", zero_infinity=zero_infinity)
+        torch.testing.assert_close(got.cpu(), ref)
