@@ -609,21 +609,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_fn(
 
 // ---------------------------------------------------------------- resampling
 
-enum class Resample { Nearest, NearestExact, Linear, Cubic };
+enum class Resample { Nearest, NearestExact, Linear, Cubic, LinearAA, CubicAA };
 
 // Resamples the trailing output_size.size() dims of x (or, backward, maps a gradient back).
 Value resample(Builder& b, Value x, const std::vector<int64_t>& in, const std::vector<int64_t>& out,
                const std::vector<double>& scales, Resample mode, bool align_corners, bool backward) {
   size_t n = out.size(), lead = b.dims(x).size() - n;
   ir::DType dt = b.dtype(x);
-  bool weighted = mode == Resample::Linear || mode == Resample::Cubic;
+  bool weighted = mode != Resample::Nearest && mode != Resample::NearestExact;
   Value r = weighted ? b.convert(x, L::accumulate_type(dt)) : x;
   for (size_t i = 0; i < n; ++i) {
     int64_t dim = static_cast<int64_t>(lead + i);
     double scale = i < scales.size() ? scales[i] : -1.0;
     if (weighted) {
-      auto m = mode == Resample::Linear ? L::linear_weights(in[i], out[i], align_corners, scale)
-                                        : L::cubic_weights(in[i], out[i], align_corners, scale);
+      auto m = mode == Resample::Linear  ? L::linear_weights(in[i], out[i], align_corners, scale)
+               : mode == Resample::Cubic ? L::cubic_weights(in[i], out[i], align_corners, scale)
+                                         : L::antialias_weights(in[i], out[i], align_corners, scale, mode == Resample::CubicAA);
       r = backward ? L::apply_along(b, r, dim, L::transpose_matrix(m, out[i], in[i]), in[i], out[i])
                    : L::apply_along(b, r, dim, m, out[i], in[i]);
     } else {
@@ -693,6 +694,8 @@ WEIGHTED_KERNELS(upsample_linear1d, Resample::Linear, P1, A1)
 WEIGHTED_KERNELS(upsample_bilinear2d, Resample::Linear, P2, {s1 COMMA s2})
 WEIGHTED_KERNELS(upsample_trilinear3d, Resample::Linear, P3, {s1 COMMA s2 COMMA s3})
 WEIGHTED_KERNELS(upsample_bicubic2d, Resample::Cubic, P2, {s1 COMMA s2})
+WEIGHTED_KERNELS(_upsample_bilinear2d_aa, Resample::LinearAA, P2, {s1 COMMA s2})
+WEIGHTED_KERNELS(_upsample_bicubic2d_aa, Resample::CubicAA, P2, {s1 COMMA s2})
 
 // ---------------------------------------------------------------- padding
 
@@ -1588,6 +1591,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_RESAMPLE(_upsample_nearest_exact1d) REG_RESAMPLE(_upsample_nearest_exact2d)
   REG_RESAMPLE(_upsample_nearest_exact3d) REG_RESAMPLE(upsample_linear1d) REG_RESAMPLE(upsample_bilinear2d)
   REG_RESAMPLE(upsample_trilinear3d) REG_RESAMPLE(upsample_bicubic2d)
+  REG_RESAMPLE(_upsample_bilinear2d_aa) REG_RESAMPLE(_upsample_bicubic2d_aa)
   REG_RESAMPLE(reflection_pad1d) REG_RESAMPLE(reflection_pad2d) REG_RESAMPLE(reflection_pad3d)
   REG_RESAMPLE(replication_pad1d) REG_RESAMPLE(replication_pad2d) REG_RESAMPLE(replication_pad3d)
 #undef REG_RESAMPLE

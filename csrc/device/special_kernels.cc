@@ -74,6 +74,22 @@ Tensor& spherical_bessel_j0_out(const Tensor& s, Tensor& out) {
   return write_out("special_spherical_bessel_j0", spherical_bessel_j0(s), out);
 }
 
+// Regularized incomplete gamma (torch.igamma / igammac, special.gammainc / gammaincc).
+Tensor igamma_impl(const char* name, const Tensor& self, const Tensor& other, bool upper, const Tensor* into) {
+  at::ScalarType out = float_result(at::result_type(self, other));
+  TORCH_CHECK(at::isFloatingType(out), name, ": expected floating point inputs, got ", out);
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  Value r = L::igamma(b, b.convert(op.input(self), to_ir(out)), b.convert(op.input(other), to_ir(out)), upper);
+  return finish(op, r, out, into);
+}
+Tensor igamma_fn(const Tensor& s, const Tensor& o) { return igamma_impl("igamma", s, o, false, nullptr); }
+Tensor& igamma_out(const Tensor& s, const Tensor& o, Tensor& out) { return write_out("igamma", igamma_fn(s, o), out); }
+Tensor& igamma_inplace(Tensor& s, const Tensor& o) { return igamma_impl("igamma", s, o, false, &s), s; }
+Tensor igammac_fn(const Tensor& s, const Tensor& o) { return igamma_impl("igammac", s, o, true, nullptr); }
+Tensor& igammac_out(const Tensor& s, const Tensor& o, Tensor& out) { return write_out("igammac", igammac_fn(s, o), out); }
+Tensor& igammac_inplace(Tensor& s, const Tensor& o) { return igamma_impl("igammac", s, o, true, &s), s; }
+
 // ---------------------------------------------------------------- integers
 
 Tensor gcd_lcm(const char* name, const Tensor& self, const Tensor& other, bool lcm, const Tensor* into) {
@@ -306,6 +322,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("special_modified_bessel_i1.out", modified_bessel_i1_out);
   m.impl("special_spherical_bessel_j0", spherical_bessel_j0);
   m.impl("special_spherical_bessel_j0.out", spherical_bessel_j0_out);
+  m.impl("igamma", igamma_fn);
+  m.impl("igamma.out", igamma_out);
+  m.impl("igamma_", igamma_inplace);
+  m.impl("igammac", igammac_fn);
+  m.impl("igammac.out", igammac_out);
+  m.impl("igammac_", igammac_inplace);
   m.impl("gcd", gcd_fn);
   m.impl("gcd.out", gcd_out);
   m.impl("gcd_", gcd_inplace);

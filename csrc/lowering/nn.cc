@@ -463,6 +463,32 @@ std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, 
   return m;
 }
 
+std::vector<double> antialias_weights(int64_t in, int64_t out, bool align_corners, double scale, bool cubic) {
+  double s = align_corners ? (out > 1 ? static_cast<double>(in - 1) / static_cast<double>(out - 1) : 0.0)
+                           : (scale > 0 ? 1.0 / scale : static_cast<double>(in) / static_cast<double>(out));
+  double support = (cubic ? 2.0 : 1.0) * (s >= 1.0 ? s : 1.0);
+  double invscale = s >= 1.0 ? 1.0 / s : 1.0;
+  auto filter = [cubic](double x) {
+    x = std::abs(x);
+    if (!cubic) return x < 1.0 ? 1.0 - x : 0.0;
+    const double a = -0.5;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0) return (((x - 5.0) * x + 8.0) * x - 4.0) * a;
+    return 0.0;
+  };
+  std::vector<double> m(out * in, 0.0);
+  for (int64_t o = 0; o < out; ++o) {
+    double center = s * (static_cast<double>(o) + 0.5);
+    int64_t lo = std::max<int64_t>(static_cast<int64_t>(center - support + 0.5), 0);
+    int64_t hi = std::min<int64_t>(static_cast<int64_t>(center + support + 0.5), in);
+    double total = 0.0;
+    for (int64_t j = lo; j < hi; ++j) total += m[o * in + j] = filter((static_cast<double>(j) - center + 0.5) * invscale);
+    if (total != 0.0)
+      for (int64_t j = lo; j < hi; ++j) m[o * in + j] /= total;
+  }
+  return m;
+}
+
 std::vector<double> cubic_weights(int64_t in, int64_t out, bool align_corners, double scale) {
   float s = area_scale(in, out, align_corners, scale);
   constexpr double A = -0.75;  // torch's cubic convolution coefficient

@@ -64,6 +64,10 @@ Value take_along_backward(Builder& b, Value grad, int64_t dim, const std::vector
 std::vector<int64_t> nearest_indices(int64_t in, int64_t out, double scale, bool exact);
 std::vector<double> linear_weights(int64_t in, int64_t out, bool align_corners, double scale);  // [out][in]
 std::vector<double> cubic_weights(int64_t in, int64_t out, bool align_corners, double scale);   // [out][in]
+// Antialiased resampling (interpolate(antialias=True), PIL's filters): the
+// triangle (linear) or a = -0.5 cubic filter widened by the scale when
+// downsampling, normalized per output. [out][in].
+std::vector<double> antialias_weights(int64_t in, int64_t out, bool align_corners, double scale, bool cubic);
 
 // Padding of the trailing dims: pads (low, high) per dim, outermost first.
 std::vector<int64_t> reflect_indices(int64_t in, int64_t low, int64_t high);

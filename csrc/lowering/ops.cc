@@ -499,6 +499,80 @@ Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Valu
   return out[6];
 }
 
+Value igamma(Builder& b, Value a, Value x, bool upper) {
+  auto shape = ir::broadcast_shapes(b.dims(a), b.dims(x));
+  DType out = b.dtype(a);
+  a = b.convert(b.broadcast_to(a, shape), DType::F64);
+  x = b.convert(b.broadcast_to(x, shape), DType::F64);
+  auto c = [&](Builder& bb, Value like, double v) { return bb.scalar_like(like, v); };
+  Value use_series = b.compare(x, b.binary("add", a, c(b, a, 1)), "LT");
+  // x^a e^-x / Gamma(a), the common factor.
+  Value log_front = b.binary("subtract", b.binary("subtract", b.binary("multiply", a, b.unary("log", x)), x), b.unary("chlo.lgamma", a));
+  const double tiny = 1e-300, eps = 1e-15;
+  // Series: sum = 1/a + x/(a(a+1)) + ...; term_n = term_{n-1} x / (a + n).
+  Value term0 = b.binary("divide", c(b, a, 1), a);
+  // Continued fraction state (Lentz): bcf = x + 1 - a, c = 1/tiny, d = 1/bcf, h = d.
+  Value bcf = b.binary("subtract", b.binary("add", x, c(b, x, 1)), a);
+  Value dcf = b.binary("divide", c(b, x, 1), bcf);
+  int64_t numel = b.type(a).numel();
+  auto out_loop = b.while_loop(
+      {b.constant_int(DType::S64, 0), a, x, term0, term0, bcf, b.broadcast_to(c(b, x, 1.0 / tiny), shape), dcf, dcf,
+       b.constant_int(DType::Pred, 1), use_series},
+      [](Builder& bb, const std::vector<Value>& st) {
+        return bb.binary("and", bb.compare(st[0], bb.constant_int(DType::S64, 2000), "LT"), st[9]);
+      },
+      [&](Builder& bb, const std::vector<Value>& st) -> std::vector<Value> {
+        Value i = st[0], av = st[1], xv = st[2], term = st[3], sum = st[4], bv = st[5], cv = st[6], dv = st[7], h = st[8];
+        Value n = bb.broadcast_to(bb.convert(bb.binary("add", i, bb.constant_int(DType::S64, 1)), DType::F64), bb.dims(av));
+        // Series step.
+        term = bb.binary("multiply", term, bb.binary("divide", xv, bb.binary("add", av, n)));
+        sum = bb.binary("add", sum, term);
+        // Continued fraction step.
+        Value an = bb.binary("multiply", bb.unary("negate", n), bb.binary("subtract", n, av));
+        bv = bb.binary("add", bv, bb.scalar_like(bv, 2));
+        auto floor_tiny = [&](Value v) {
+          return bb.select(bb.compare(bb.unary("abs", v), bb.scalar_like(v, tiny), "LT"), bb.scalar_like(v, tiny), v);
+        };
+        dv = floor_tiny(bb.binary("add", bb.binary("multiply", an, dv), bv));
+        cv = floor_tiny(bb.binary("add", bv, bb.binary("divide", an, cv)));
+        dv = bb.binary("divide", bb.scalar_like(dv, 1), dv);
+        Value del = bb.binary("multiply", dv, cv);
+        h = bb.binary("multiply", h, del);
+        // Converged when both steps stopped moving their value (or it is not finite).
+        Value series_done = bb.compare(bb.unary("abs", term), bb.binary("multiply", bb.unary("abs", sum), bb.scalar_like(sum, eps)), "LE");
+        Value cf_done = bb.compare(bb.unary("abs", bb.binary("subtract", del, bb.scalar_like(del, 1))), bb.scalar_like(del, eps), "LE");
+        // Each element needs only the method it uses.
+        Value done = bb.select(st[10], bb.binary("or", series_done, bb.unary("not", bb.unary("is_finite", sum))), cf_done);
+        // Edge inputs (answered after the loop) never hold it up.
+        Value edge = bb.binary("or", bb.unary("not", bb.unary("is_finite", xv)), bb.unary("not", bb.unary("is_finite", h)));
+        edge = bb.binary("or", edge, bb.compare(xv, bb.scalar_like(xv, 0), "LE"));
+        edge = bb.binary("or", edge, bb.binary("or", bb.compare(av, bb.scalar_like(av, 0), "LE"), bb.compare(av, av, "NE")));
+        done = bb.binary("or", done, edge);
+        Value all_done = numel == 0 ? bb.constant_int(DType::Pred, 1)
+                                    : bb.reduce_simple(bb.reshape(done, {numel}), bb.constant_int(DType::Pred, 1), {0}, "and");
+        return {bb.binary("add", i, bb.constant_int(DType::S64, 1)), av, xv, term, sum, bv, cv, dv, h, bb.unary("not", all_done),
+                st[10]};
+      });
+  Value front = b.unary("exponential", log_front);
+  Value p_series = b.binary("multiply", front, out_loop[4]);
+  Value q_cf = b.binary("multiply", front, out_loop[8]);
+  Value p = b.select(use_series, p_series, b.binary("subtract", c(b, x, 1), q_cf));
+  Value r = upper ? b.binary("subtract", c(b, p, 1), p) : p;
+  if (upper) r = b.select(use_series, b.binary("subtract", c(b, p, 1), p_series), q_cf);
+  // Edges as torch defines them: x = 0 gives P = 0; x = inf gives P = 1; a or x negative, or NaN: NaN.
+  Value zero_x = b.compare(x, c(b, x, 0), "EQ");
+  Value inf_x = b.compare(x, c(b, x, INFINITY), "EQ");
+  r = b.select(zero_x, c(b, r, upper ? 1 : 0), r);
+  r = b.select(inf_x, c(b, r, upper ? 0 : 1), r);
+  Value bad = b.binary("or", b.binary("or", b.compare(a, c(b, a, 0), "LT"), b.compare(x, c(b, x, 0), "LT")),
+                       b.binary("or", b.compare(a, a, "NE"), b.compare(x, x, "NE")));
+  Value a_zero = b.compare(a, c(b, a, 0), "EQ");
+  r = b.select(b.binary("and", a_zero, b.unary("not", zero_x)), c(b, r, upper ? 0 : 1), r);
+  r = b.select(b.binary("and", a_zero, zero_x), c(b, r, NAN), r);
+  r = b.select(bad, c(b, r, NAN), r);
+  return b.convert(r, out);
+}
+
 Value gcd(Builder& b, Value x, Value y) {
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
   x = b.unary("abs", b.broadcast_to(x, shape));

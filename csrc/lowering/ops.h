@@ -62,6 +62,10 @@ Value dot(Builder& b, Value x, Value y, DType out);
 // "chebyshev_t/u/v/w", "shifted_chebyshev_t/u/v/w", "hermite_h", "hermite_he",
 // "laguerre_l", "legendre_p". x is in the compute dtype; n any numeric type.
 Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Value n);
+// Regularized incomplete gamma functions P(a, x) (upper: Q = 1 - P), computed
+// in f64: the power series below x = a + 1, a continued fraction (modified
+// Lentz) above, both in one loop until every element converged.
+Value igamma(Builder& b, Value a, Value x, bool upper);
 // Elementwise gcd of integers (Euclid's algorithm in one loop), non-negative.
 Value gcd(Builder& b, Value x, Value y);
 

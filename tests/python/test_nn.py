@@ -399,3 +399,23 @@ def test_ctc_loss_impossible_alignment(dev):
         ref = F.ctc_loss(log_probs, targets, [3], [4], reduction="none", zero_infinity=zero_infinity)
         got = F.ctc_loss(log_probs.to(dev), targets.to(dev), [3], [4], reduction="none", zero_infinity=zero_infinity)
         torch.testing.assert_close(got.cpu(), ref)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "bicubic"])
+@pytest.mark.parametrize("size", [(3, 5), (11, 14), (8, 9)], ids=["down", "up", "mixed"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_antialiased_interpolation_matches_cpu(dev, mode, size, align_corners):
+    # interpolate(antialias=True) (torchvision's Resize on tensors): PIL's filters, widened when shrinking.
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 8, 9, dtype=torch.float64, generator=gen)
+    ref = x.clone().requires_grad_()
+    xd = x.float().to(dev).requires_grad_()
+    kw = dict(size=size, mode=mode, antialias=True, align_corners=align_corners)
+    with torch_pjrt.fallback_mode("error"):
+        y = F.interpolate(xd, **kw)
+        w = torch.randn(y.shape, dtype=torch.float64, generator=gen)
+        (y * w.float().to(dev)).sum().backward()
+    expected = F.interpolate(ref, **kw)
+    (expected * w).sum().backward()
+    torch.testing.assert_close(y.cpu(), expected.float().detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xd.grad.cpu(), ref.grad.float(), rtol=1e-5, atol=1e-5)
