@@ -480,6 +480,12 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> slogdet_out(const Tensor& a, Tens
   return {sign, logabs, lu, piv};
 }
 
+Tensor matrix_exp_k(const Tensor& a) {
+  check_matrix("linalg.matrix_exp", a);
+  OpBuilder op("aten::linalg_matrix_exp");
+  return finish_all(op, {{L::matrix_exp(op.b(), op.input(a)), a.scalar_type()}})[0];
+}
+
 // ---------------------------------------------------------------- SVD
 
 std::tuple<Tensor, Tensor, Tensor> svd_k(const Tensor& a, bool full_matrices, bool compute_uv,
@@ -546,6 +552,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_linalg_det.result", det_out);
   m.impl("_linalg_slogdet", slogdet_k);
   m.impl("_linalg_slogdet.sign", slogdet_out);
+  m.impl("linalg_matrix_exp", matrix_exp_k);
   m.impl("_linalg_svd", svd_k);
   m.impl("_linalg_svd.U", svd_out);
 }

@@ -412,4 +412,50 @@ std::vector<Value> svd(Builder& b, Value a, bool full_matrices) {
   return {U, s, matrix_transpose(b, V, true)};
 }
 
+Value matrix_exp(Builder& b, Value a) {
+  const auto& d = b.dims(a);
+  int64_t r = static_cast<int64_t>(d.size());
+  int64_t n = d[r - 1];
+  std::vector<int64_t> batch(d.begin(), d.end() - 2);
+  DType dt = b.dtype(a);
+  DType real = ir::component_type(dt);
+  std::vector<int64_t> bdims;
+  for (int64_t i = 0; i < r - 2; ++i) bdims.push_back(i);
+  auto mm = [&](Builder& bb, Value x, Value y) {
+    return bb.dot_general(x, y, bdims, bdims, {r - 1}, {r - 2}, dt);
+  };
+  // s = max(0, ceil(log2(||A||_1))) per matrix.
+  Value col_sums = b.reduce_simple(b.unary("abs", a), b.constant(real, 0), {r - 2}, "add");  // [..., n]
+  Value norm = b.reduce_simple(col_sums, b.constant(real, 0), {r - 2}, "maximum");        // [...]
+  Value s = b.unary("ceil", b.binary("divide", b.unary("log", b.binary("maximum", norm, b.scalar_like(norm, 1e-300))),
+                                     b.scalar_like(norm, std::log(2.0))));
+  s = b.binary("maximum", s, b.scalar_like(s, 0));
+  s = b.select(b.unary("is_finite", s), s, b.scalar_like(s, 0));
+  Value scale = b.binary("power", b.scalar_like(s, 2), b.unary("negate", s));
+  std::vector<int64_t> map = bdims;
+  Value scaled = b.binary("multiply", a, b.convert(b.broadcast_in_dim(scale, d, map), dt));
+  Value eye = lowering::eye(b, dt, batch, n);
+  int degree = real == DType::F64 ? 18 : 12;
+  // Horner: E = I + A/k (I + A/(k-1) (...)).
+  Value e = eye;
+  for (int k = degree; k >= 1; --k) {
+    e = b.binary("add", eye, b.binary("multiply", mm(b, scaled, e), b.scalar_like(e, 1.0 / k)));
+  }
+  Value steps = b.convert(s, DType::S64);
+  int64_t count = b.type(steps).numel();
+  Value max_steps = count == 0 ? b.constant_int(DType::S64, 0)
+                               : b.reduce_simple(b.reshape(steps, {count}), b.constant_int(DType::S64, 0), {0}, "maximum");
+  auto out = b.while_loop(
+      {b.constant_int(DType::S64, 0), max_steps, steps, e},
+      [](Builder& c, const std::vector<Value>& st) { return c.compare(st[0], st[1], "LT"); },
+      [&](Builder& c, const std::vector<Value>& st) -> std::vector<Value> {
+        Value k = st[0], x = st[3];
+        Value more = c.compare(c.broadcast_to(k, c.dims(st[2])), st[2], "LT");
+        Value sq = mm(c, x, x);
+        x = c.select(c.broadcast_in_dim(more, d, map), sq, x);
+        return {c.binary("add", k, c.constant_int(DType::S64, 1)), st[1], st[2], x};
+      });
+  return out[3];
+}
+
 }  // namespace torch_pjrt::lowering

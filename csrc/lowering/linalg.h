@@ -57,4 +57,9 @@ std::vector<Value> lu_slogdet(Builder& b, Value lu, Value pivots);
 // {U, S (descending, real), Vh}.
 std::vector<Value> svd(Builder& b, Value a, bool full_matrices);
 
+// exp(A) by scaling and squaring: each matrix scaled by 2^-s to 1-norm <= 1, a
+// Taylor polynomial (degree 18 in f64, 12 in f32; truncation below the
+// dtype's rounding), then squared s times in a loop (s per matrix).
+Value matrix_exp(Builder& b, Value a);
+
 }  // namespace torch_pjrt::lowering

@@ -234,3 +234,19 @@ def test_bad_input_names_the_op(dev: torch.device) -> None:
         torch.linalg.cholesky(torch.randn(3).to(dev))
     with pytest.raises(RuntimeError, match="Incompatible shapes"):
         torch.linalg.solve(torch.randn(3, 3).to(dev), torch.randn(4, 2).to(dev))
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 4.0])
+def test_matrix_exp(dev: torch.device, scale: float) -> None:
+    torch.manual_seed(8)
+    a = torch.randn(3, N, N, dtype=torch.float64) * scale
+    ref = torch.linalg.matrix_exp(a)
+    # Each of the s squarings (s = ceil(log2 ||A||_1)) at most doubles the relative rounding error.
+    squarings = max(0.0, float(torch.ceil(torch.log2(a.abs().sum(-2).amax()))))
+    tol = 100 * N * EPS * 2**squarings
+    assert_close(torch.linalg.matrix_exp(to_dev(a, dev)), ref.float(), rtol=tol, atol=tol * ref.abs().max().item())
+    x = a.clone().requires_grad_()
+    xd = to_dev(a, dev).requires_grad_()
+    torch.linalg.matrix_exp(x).sum().backward()
+    torch.linalg.matrix_exp(xd).sum().backward()
+    assert_close(xd.grad, x.grad.float(), rtol=tol, atol=tol * x.grad.abs().max().item())
