@@ -4,10 +4,12 @@
 // eigh. Each op is one program; the _ex variants' info is computed on the
 // device and checked on the host only when asked (check_errors), as on CPU.
 #include <ATen/ExpandUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_linalg_check_errors.h>
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/linalg.h"
 
@@ -486,6 +488,76 @@ Tensor matrix_exp_k(const Tensor& a) {
   return finish_all(op, {{L::matrix_exp(op.b(), op.input(a)), a.scalar_type()}})[0];
 }
 
+// Least squares, per LAPACK driver as CPU: gels and gelsy by QR (gelsy's rank
+// from the singular values; rank-deficient systems, where gelsy's basic
+// solution is defined by its pivoting, go to the CPU kernel, counted), gelsd
+// and gelss by the SVD (minimum-norm solutions, singular values returned).
+std::tuple<Tensor, Tensor, Tensor, Tensor> lstsq_k(const Tensor& a, const Tensor& b_in, std::optional<double> rcond,
+                                                   std::optional<c10::string_view> driver_opt) {
+  check_matrix("torch.linalg.lstsq", a, false);
+  std::string driver(driver_opt.value_or("gelsy"));
+  TORCH_CHECK(driver == "gels" || driver == "gelsy" || driver == "gelsd" || driver == "gelss",
+              "torch.linalg.lstsq: parameter `driver` should be one of (gels, gelsy, gelsd, gelss)");
+  TORCH_CHECK(a.scalar_type() == b_in.scalar_type(), "torch.linalg.lstsq: Expected input and other to have the same dtype, but got input's dtype ",
+              a.scalar_type(), " and other's dtype ", b_in.scalar_type());
+  bool vector_case = b_in.dim() == a.dim() - 1;
+  Tensor rhs = vector_case ? b_in.unsqueeze(-1) : b_in;
+  int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  TORCH_CHECK(rhs.size(-2) == m, "torch.linalg.lstsq: input.size(-2) should match other.size(-2)");
+  auto [ae, be] = broadcast_batches(a, rhs);
+  double eps = a.scalar_type() == at::kDouble || a.scalar_type() == at::kComplexDouble ? 2.220446049250313e-16 : 1.1920928955078125e-07;
+  double rc = rcond.value_or(eps * static_cast<double>(std::max(m, n)));
+  Tensor empty = at::empty({0}, a.options().dtype(at::toRealValueType(a.scalar_type())));
+  Tensor empty_long = at::empty({0}, a.options().dtype(at::kLong));
+  auto rank_of = [&](const Tensor& sv) {
+    Tensor top = std::get<0>(sv.max(-1, /*keepdim=*/true));
+    return (sv > top * rc).sum(-1);
+  };
+  Tensor x, residuals = empty, rank = empty_long, singular_values = empty;
+  if (driver == "gelsd" || driver == "gelss") {
+    auto [u, sv, vh] = at::linalg_svd(ae, /*full_matrices=*/false);
+    Tensor top = std::get<0>(sv.max(-1, /*keepdim=*/true));
+    Tensor keep = sv > top * rc;
+    Tensor inv = at::where(keep, 1.0 / sv, at::zeros_like(sv)).to(a.scalar_type());
+    x = at::matmul(vh.mH(), inv.unsqueeze(-1) * at::matmul(u.mH(), be));
+    rank = keep.sum(-1);
+    singular_values = sv;
+  } else {
+    if (driver == "gelsy") {
+      rank = rank_of(at::linalg_svdvals(ae));
+      if (rank.numel() > 0 && rank.min().item<int64_t>() < k) {  // one host read
+        static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::linalg_lstsq", "");
+        torch::jit::Stack stack{a, b_in, rcond, driver_opt};
+        run_on_cpu(handle, &stack);
+        return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor(), stack[3].toTensor()};
+      }
+    }
+    if (m >= n) {
+      auto [q, r] = at::linalg_qr(ae, "reduced");
+      x = at::linalg_solve_triangular(r, at::matmul(q.mH(), be), /*upper=*/true);
+    } else {
+      auto [q, r] = at::linalg_qr(ae.mH(), "reduced");
+      x = at::matmul(q, at::linalg_solve_triangular(r.mH(), be, /*upper=*/false));
+    }
+  }
+  // Squared residuals: for m > n, when every matrix has full rank (gels assumes it).
+  bool want_residuals = m > n && driver != "gelsy" &&
+                        (driver == "gels" || (rank.numel() > 0 && rank.min().item<int64_t>() == n));
+  if (want_residuals) residuals = (at::matmul(ae, x) - be).abs().pow(2).sum(-2);
+  if (vector_case) x = x.squeeze(-1);  // residuals keep their trailing 1, as on CPU
+  return {x, residuals, rank, singular_values};
+}
+std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> lstsq_out(const Tensor& a, const Tensor& b, std::optional<double> rcond,
+                                                         std::optional<c10::string_view> driver, Tensor& solution,
+                                                         Tensor& residuals, Tensor& rank, Tensor& singular_values) {
+  auto [x, r, k, s] = lstsq_k(a, b, rcond, driver);
+  write_out("linalg.lstsq", x, solution);
+  write_out("linalg.lstsq", r, residuals);
+  write_out("linalg.lstsq", k, rank);
+  write_out("linalg.lstsq", s, singular_values);
+  return {solution, residuals, rank, singular_values};
+}
+
 // ---------------------------------------------------------------- SVD
 
 std::tuple<Tensor, Tensor, Tensor> svd_k(const Tensor& a, bool full_matrices, bool compute_uv,
@@ -553,6 +625,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_linalg_slogdet", slogdet_k);
   m.impl("_linalg_slogdet.sign", slogdet_out);
   m.impl("linalg_matrix_exp", matrix_exp_k);
+  m.impl("linalg_lstsq", lstsq_k);
+  m.impl("linalg_lstsq.out", lstsq_out);
   m.impl("_linalg_svd", svd_k);
   m.impl("_linalg_svd.U", svd_out);
 }

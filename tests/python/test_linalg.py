@@ -250,3 +250,25 @@ def test_matrix_exp(dev: torch.device, scale: float) -> None:
     torch.linalg.matrix_exp(x).sum().backward()
     torch.linalg.matrix_exp(xd).sum().backward()
     assert_close(xd.grad, x.grad.float(), rtol=tol, atol=tol * x.grad.abs().max().item())
+
+
+@pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])
+@pytest.mark.parametrize("shape", [(2, 6, 4), (2, 4, 6)], ids=["tall", "wide"])
+def test_lstsq(dev: torch.device, driver: str, shape: tuple) -> None:
+    torch.manual_seed(9)
+    a = torch.randn(*shape, dtype=torch.float64)
+    rhs = torch.randn(shape[0], shape[1], 3, dtype=torch.float64)
+    ref = torch.linalg.lstsq(a, rhs, driver=driver)
+    got = torch.linalg.lstsq(to_dev(a, dev), to_dev(rhs, dev), driver=driver)
+    for name in ("solution", "residuals", "rank", "singular_values"):
+        r, g = getattr(ref, name), getattr(got, name)
+        assert g.shape == r.shape, name
+        if r.numel():
+            if r.is_floating_point():
+                assert_close(g, r.float(), **_tol(r.abs().max().item()))
+            else:
+                assert_close(g, r)
+    # A vector right-hand side.
+    vec = torch.linalg.lstsq(a, rhs[..., 0], driver=driver).solution
+    assert_close(torch.linalg.lstsq(to_dev(a, dev), to_dev(rhs[..., 0], dev), driver=driver).solution, vec.float(),
+                 **_tol(vec.abs().max().item()))
