@@ -1466,6 +1466,76 @@ at::Tensor ctc_loss_backward_tensor_fn(const at::Tensor& grad, const at::Tensor&
                               log_alpha, blank, zero_infinity);
 }
 
+// ---------------------------------------------------------------- fractional max pooling
+
+std::tuple<at::Tensor, at::Tensor> fractional_max_pool_fn(size_t k, const char* name, const at::Tensor& self,
+                                                          c10::IntArrayRef kernel, c10::IntArrayRef output,
+                                                          const at::Tensor& samples) {
+  TORCH_CHECK(kernel.size() == k && output.size() == k, name, ": kernel_size and output_size must have ", k, " elements");
+  int64_t batched = self.dim() == static_cast<int64_t>(k) + 2;
+  TORCH_CHECK(batched || self.dim() == static_cast<int64_t>(k) + 1, name, ": expected ", k + 1, "D or ", k + 2,
+              "D input, got ", self.sizes());
+  at::Tensor x = batched ? self : self.unsqueeze(0);
+  at::Tensor u = batched ? samples : samples.reshape({1, samples.size(-2), samples.size(-1)});
+  TORCH_CHECK(u.dim() == 3 && u.size(0) == x.size(0) && u.size(1) == x.size(1) && u.size(2) == static_cast<int64_t>(k),
+              name, ": expected random_samples of shape [N, C, ", k, "], got ", samples.sizes());
+  for (size_t d = 0; d < k; ++d) {
+    TORCH_CHECK(output[d] + kernel[d] - 1 <= x.size(2 + d), name, ": output_size[", d, "] + pool_size[", d,
+                "] - 1 (", output[d] + kernel[d] - 1, ") is too large relative to input size (", x.size(2 + d), ")");
+  }
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  auto r = L::fractional_max_pool(b, op.input(x), op.input(u), vec(kernel), vec(output));
+  Value values = r[0], indices = r[1];
+  if (!batched) {
+    values = b.reshape(values, std::vector<int64_t>(b.dims(values).begin() + 1, b.dims(values).end()));
+    indices = b.reshape(indices, std::vector<int64_t>(b.dims(indices).begin() + 1, b.dims(indices).end()));
+  }
+  at::Tensor v = op.output(values, self.scalar_type());
+  at::Tensor i = op.output(indices, at::kLong);
+  op.run();
+  return {v, i};
+}
+std::tuple<at::Tensor, at::Tensor> fractional_max_pool2d_fn(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
+                                                            const at::Tensor& u) {
+  return fractional_max_pool_fn(2, "fractional_max_pool2d", s, k, o, u);
+}
+std::tuple<at::Tensor, at::Tensor> fractional_max_pool3d_fn(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
+                                                            const at::Tensor& u) {
+  return fractional_max_pool_fn(3, "fractional_max_pool3d", s, k, o, u);
+}
+std::tuple<at::Tensor&, at::Tensor&> fractional_max_pool2d_out(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
+                                                               const at::Tensor& u, at::Tensor& out, at::Tensor& idx) {
+  auto [v, i] = fractional_max_pool2d_fn(s, k, o, u);
+  write_out("fractional_max_pool2d", v, out);
+  write_out("fractional_max_pool2d", i, idx);
+  return {out, idx};
+}
+std::tuple<at::Tensor&, at::Tensor&> fractional_max_pool3d_out(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
+                                                               const at::Tensor& u, at::Tensor& out, at::Tensor& idx) {
+  auto [v, i] = fractional_max_pool3d_fn(s, k, o, u);
+  write_out("fractional_max_pool3d", v, out);
+  write_out("fractional_max_pool3d", i, idx);
+  return {out, idx};
+}
+// The gradient goes to each window's maximum, as max pooling's does.
+at::Tensor fractional_max_pool2d_backward_fn(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef, c10::IntArrayRef,
+                                             const at::Tensor& i) {
+  return max_pool_backward_fn(2, "fractional_max_pool2d_backward", g, s, i);
+}
+at::Tensor fractional_max_pool3d_backward_fn(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef, c10::IntArrayRef,
+                                             const at::Tensor& i) {
+  return max_pool_backward_fn(3, "fractional_max_pool3d_backward", g, s, i);
+}
+at::Tensor& fractional_max_pool2d_backward_out(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef k,
+                                               c10::IntArrayRef o, const at::Tensor& i, at::Tensor& out) {
+  return write_out("fractional_max_pool2d_backward", fractional_max_pool2d_backward_fn(g, s, k, o, i), out);
+}
+at::Tensor& fractional_max_pool3d_backward_out(const at::Tensor& g, const at::Tensor& s, c10::IntArrayRef k,
+                                               c10::IntArrayRef o, const at::Tensor& i, at::Tensor& out) {
+  return write_out("fractional_max_pool3d_backward", fractional_max_pool3d_backward_fn(g, s, k, o, i), out);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
@@ -1525,6 +1595,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> thnn_fuse
 }
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("fractional_max_pool2d", fractional_max_pool2d_fn);
+  m.impl("fractional_max_pool2d.output", fractional_max_pool2d_out);
+  m.impl("fractional_max_pool3d", fractional_max_pool3d_fn);
+  m.impl("fractional_max_pool3d.output", fractional_max_pool3d_out);
+  m.impl("fractional_max_pool2d_backward", fractional_max_pool2d_backward_fn);
+  m.impl("fractional_max_pool2d_backward.grad_input", fractional_max_pool2d_backward_out);
+  m.impl("fractional_max_pool3d_backward", fractional_max_pool3d_backward_fn);
+  m.impl("fractional_max_pool3d_backward.grad_input", fractional_max_pool3d_backward_out);
   m.impl("_ctc_loss", ctc_loss_fn);
   m.impl("_ctc_loss.Tensor", ctc_loss_tensor_fn);
   m.impl("_ctc_loss_backward", ctc_loss_backward_fn);

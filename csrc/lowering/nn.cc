@@ -829,4 +829,57 @@ std::vector<Value> gru_cell_backward(Builder& b, Value grad_hy, Value workspace,
   return {b.convert(grad_input, out), b.convert(grad_hidden, out), b.convert(grad_hx, out), gib, ghb};
 }
 
+std::vector<Value> fractional_max_pool(Builder& b, Value x, Value samples, const std::vector<int64_t>& kernel,
+                                       const std::vector<int64_t>& output) {
+  const auto& xd = b.dims(x);
+  int64_t n = xd[0], c = xd[1];
+  size_t k = kernel.size();
+  std::vector<int64_t> in(xd.begin() + 2, xd.end());
+  int64_t spatial = 1;
+  for (int64_t s : in) spatial *= s;
+  // Per spatial dim d: the input position of each (output, kernel tap) pair, [N, C, out_d, kernel_d].
+  std::vector<Value> pos(k);
+  for (size_t d = 0; d < k; ++d) {
+    int64_t od = output[d], kd = kernel[d];
+    Value u = b.reshape(b.slice_dim(samples, 2, static_cast<int64_t>(k - 1 - d), static_cast<int64_t>(k - d)), {n, c});
+    std::vector<int64_t> nco{n, c, od};
+    Value ub = b.broadcast_in_dim(u, nco, {0, 1});
+    double alpha = od > 1 ? static_cast<double>(in[d] - kd) / static_cast<double>(od - 1) : 0.0;
+    Value al = b.scalar_like(ub, alpha);
+    Value i = b.convert(b.iota(DType::S64, nco, 2), b.dtype(ub));
+    // int((i + u) * alpha) - int(u * alpha); the last window ends at the input's end.
+    Value start = b.binary("subtract", b.convert(b.binary("multiply", b.binary("add", i, ub), al), DType::S64),
+                           b.convert(b.binary("multiply", ub, al), DType::S64));
+    Value last = b.compare(b.iota(DType::S64, nco, 2), b.constant_int(DType::S64, od - 1, nco), "EQ");
+    start = b.select(last, b.constant_int(DType::S64, in[d] - kd, nco), start);
+    std::vector<int64_t> ncok{n, c, od, kd};
+    pos[d] = b.binary("add", b.broadcast_in_dim(start, ncok, {0, 1, 2}), b.iota(DType::S64, ncok, 3));
+  }
+  // Flat spatial index of every (output position, window tap): [N, C, out..., kernel...].
+  std::vector<int64_t> full{n, c};
+  for (int64_t o : output) full.push_back(o);
+  for (int64_t kk : kernel) full.push_back(kk);
+  Value flat = b.constant_int(DType::S64, 0, full);
+  int64_t stride = 1;
+  for (size_t d = k; d-- > 0;) {
+    std::vector<int64_t> map{0, 1, static_cast<int64_t>(2 + d), static_cast<int64_t>(2 + k + d)};
+    Value term = b.binary("multiply", b.broadcast_in_dim(pos[d], full, map), b.constant_int(DType::S64, stride, full));
+    flat = b.binary("add", flat, term);
+    stride *= in[d];
+  }
+  int64_t outs = 1, taps = 1;
+  for (int64_t o : output) outs *= o;
+  for (int64_t kk : kernel) taps *= kk;
+  Value idx = b.reshape(flat, {n, c, outs * taps});
+  Value vals = gather(b, b.reshape(x, {n, c, spatial}), 2, idx);
+  vals = b.reshape(vals, {n, c, outs, taps});
+  idx = b.reshape(idx, {n, c, outs, taps});
+  auto best = arg_reduce(b, vals, 3, false, true);  // first maximum in the window's row-major order
+  Value which = b.reshape(best[1], {n, c, outs, 1});
+  Value picked = b.reshape(gather(b, idx, 3, which), {n, c, outs});
+  std::vector<int64_t> out_dims{n, c};
+  for (int64_t o : output) out_dims.push_back(o);
+  return {b.reshape(best[0], out_dims), b.reshape(picked, out_dims)};
+}
+
 }  // namespace torch_pjrt::lowering

@@ -124,4 +124,11 @@ std::vector<Value> ctc_loss(Builder& b, Value log_probs, Value targets, Value in
 Value ctc_loss_backward(Builder& b, Value grad, Value log_probs, Value targets, Value input_lengths, Value target_lengths,
                         Value nll, Value log_alpha, int64_t blank, bool zero_infinity);
 
+// Fractional max pooling over the trailing k = kernel.size() dims of x [N, C,
+// spatial...]: window starts from samples [N, C, k] (sample 0 for the last dim,
+// as PyTorch orders them) by PyTorch's interval rule, computed in the samples'
+// dtype. {values, int64 flat indices into the spatial dims}.
+std::vector<Value> fractional_max_pool(Builder& b, Value x, Value samples, const std::vector<int64_t>& kernel,
+                                       const std::vector<int64_t>& output);
+
 }  // namespace torch_pjrt::lowering

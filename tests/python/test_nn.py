@@ -419,3 +419,29 @@ def test_antialiased_interpolation_matches_cpu(dev, mode, size, align_corners):
     (expected * w).sum().backward()
     torch.testing.assert_close(y.cpu(), expected.float().detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(xd.grad.cpu(), ref.grad.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fractional_max_pool_matches_cpu(dev, dims):
+    # Given the random samples, the windows are deterministic: the same maxima and indices as CPU.
+    gen = torch.Generator().manual_seed(0)
+    shape, kernel, out = ((2, 3, 9, 10), (3, 2), (4, 5)) if dims == 2 else ((2, 2, 6, 7, 8), (2, 3, 2), (3, 3, 4))
+    x = torch.randn(*shape, generator=gen)
+    samples = torch.rand(shape[0], shape[1], dims, generator=gen)
+    op = torch.ops.aten.fractional_max_pool2d if dims == 2 else torch.ops.aten.fractional_max_pool3d
+    ref_x = x.clone().requires_grad_()
+    values, indices = op(ref_x, list(kernel), list(out), samples)
+    xd = x.to(dev).requires_grad_()
+    with torch_pjrt.fallback_mode("error"):
+        vd, idd = op(xd, list(kernel), list(out), samples.to(dev))
+        g = torch.randn(values.shape, generator=gen)
+        vd.backward(g.to(dev))
+    values.backward(g)
+    assert torch.equal(idd.cpu(), indices)
+    torch.testing.assert_close(vd.cpu(), values.detach(), rtol=0, atol=0)
+    torch.testing.assert_close(xd.grad.cpu(), ref_x.grad, rtol=1e-6, atol=1e-6)
+    # The module form draws its own samples: shapes and that each value is its index's element.
+    pool = (torch.nn.FractionalMaxPool2d if dims == 2 else torch.nn.FractionalMaxPool3d)(kernel, output_size=out, return_indices=True)
+    v, i = pool(x.to(dev))
+    assert v.shape == values.shape and i.shape == indices.shape
+    torch.testing.assert_close(x.flatten(2).gather(2, i.cpu().flatten(2)), v.cpu().flatten(2), rtol=0, atol=0)
