@@ -456,6 +456,83 @@ Tensor repeat_interleave_k(const Tensor& repeats, std::optional<int64_t> output_
   return at::searchsorted(ends, positions, /*out_int32=*/false, /*right=*/true).to(repeats.scalar_type());
 }
 
+// ---------------------------------------------------------------- transformer fast paths
+
+// Attention of [B, T, E] inputs with packed projections, as the fused CPU
+// kernels compute it; mask (bool: true is masked out, else additive) of
+// mask_type 0 [T, S], 1 [B, S] (key padding) or 2 (broadcastable to [B, H, T, S]).
+std::pair<Tensor, Tensor> packed_attention(const Tensor& query, const Tensor& key, const Tensor& value, int64_t heads,
+                                           const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& proj_weight,
+                                           const Tensor& proj_bias, const std::optional<Tensor>& mask,
+                                           std::optional<int64_t> mask_type) {
+  TORCH_CHECK(query.dim() == 3, "attention fast path: expected [B, T, E] inputs, got ", query.sizes());
+  int64_t b = query.size(0), t = query.size(1), e = query.size(2), s = key.size(1);
+  TORCH_CHECK(e % heads == 0, "attention fast path: embed_dim must be divisible by num_heads");
+  int64_t d = e / heads;
+  auto w = qkv_weight.chunk(3, 0);
+  auto bias = qkv_bias.chunk(3, 0);
+  auto heads_of = [&](const Tensor& x, int64_t len) { return x.view({b, len, heads, d}).transpose(1, 2); };
+  Tensor q = heads_of(at::linear(query, w[0], bias[0]), t);
+  Tensor k = heads_of(at::linear(key, w[1], bias[1]), s);
+  Tensor v = heads_of(at::linear(value, w[2], bias[2]), s);
+  Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  if (mask && mask->defined()) {
+    Tensor m = *mask;
+    if (mask_type && *mask_type == 1) m = m.view({b, 1, 1, s});
+    if (m.scalar_type() == at::kBool) {
+      scores = scores.masked_fill(m, -std::numeric_limits<double>::infinity());
+    } else {
+      scores = scores + m.to(scores.scalar_type());
+    }
+  }
+  Tensor weights = at::softmax(scores, -1);
+  Tensor out = at::matmul(weights, v).transpose(1, 2).reshape({b, t, e});
+  return {at::linear(out, proj_weight, proj_bias), weights};
+}
+
+std::tuple<Tensor, Tensor> native_mha(const Tensor& query, const Tensor& key, const Tensor& value, int64_t embed_dim,
+                                      int64_t num_heads, const Tensor& qkv_weight, const Tensor& qkv_bias,
+                                      const Tensor& proj_weight, const Tensor& proj_bias, const std::optional<Tensor>& mask,
+                                      bool need_weights, bool average_attn_weights, std::optional<int64_t> mask_type) {
+  TORCH_CHECK(query.size(-1) == embed_dim, "_native_multi_head_attention: query's last dim must be embed_dim");
+  auto [out, weights] = packed_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                         mask, mask_type);
+  if (!need_weights) return {out, at::empty({0}, query.options())};
+  return {out, average_attn_weights ? weights.mean(1) : weights};
+}
+
+Tensor transformer_encoder_layer(const Tensor& src, int64_t embed_dim, int64_t num_heads, const Tensor& qkv_weight,
+                                 const Tensor& qkv_bias, const Tensor& proj_weight, const Tensor& proj_bias,
+                                 bool use_gelu, bool norm_first, double eps, const Tensor& norm_weight_1,
+                                 const Tensor& norm_bias_1, const Tensor& norm_weight_2, const Tensor& norm_bias_2,
+                                 const Tensor& ffn_weight_1, const Tensor& ffn_bias_1, const Tensor& ffn_weight_2,
+                                 const Tensor& ffn_bias_2, const std::optional<Tensor>& mask,
+                                 std::optional<int64_t> mask_type) {
+  TORCH_CHECK(!src.is_nested(), "_transformer_encoder_layer_fwd: nested tensors are not supported on pjrt");
+  std::vector<int64_t> shape{embed_dim};
+  auto norm = [&](const Tensor& x, const Tensor& w, const Tensor& b) { return at::layer_norm(x, shape, w, b, eps); };
+  auto attend = [&](const Tensor& x) {
+    return packed_attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type).first;
+  };
+  auto ffn = [&](const Tensor& x) {
+    Tensor h = at::linear(x, ffn_weight_1, ffn_bias_1);
+    h = use_gelu ? at::gelu(h) : at::relu(h);
+    return at::linear(h, ffn_weight_2, ffn_bias_2);
+  };
+  Tensor x = src;
+  if (norm_first) {
+    x = x + attend(norm(x, norm_weight_1, norm_bias_1));
+    return x + ffn(norm(x, norm_weight_2, norm_bias_2));
+  }
+  x = norm(x + attend(x), norm_weight_1, norm_bias_1);
+  return norm(x + ffn(x), norm_weight_2, norm_bias_2);
+}
+
+// There are no nested tensors on pjrt: answering "not left aligned" makes
+// nn.TransformerEncoder keep padded batches dense (masked attention through the
+// kernels above) instead of converting them to nested tensors, which would fail.
+bool nested_mask_left_aligned(const Tensor&, const Tensor&) { return false; }
+
 // ---------------------------------------------------------------- convolution and pooling entry points
 
 std::vector<int64_t> ones(size_t n) { return std::vector<int64_t>(n, 1); }
@@ -583,6 +660,9 @@ Tensor pdist_backward_k(const Tensor& grad, const Tensor& self, double p, const 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_native_multi_head_attention", native_mha);
+  m.impl("_transformer_encoder_layer_fwd", transformer_encoder_layer);
+  m.impl("_nested_tensor_from_mask_left_aligned", nested_mask_left_aligned);
   m.impl("slow_conv3d_forward", slow_conv3d_forward_k);
   m.impl("slow_conv3d_forward.output", slow_conv3d_forward_out);
   m.impl("_slow_conv2d_forward", slow_conv2d_forward_k);

@@ -163,3 +163,37 @@ def test_legacy_convolutions_and_distances(dev: torch.device) -> None:
     # The CPU kernel updates the running statistics in place: so does the device's.
     assert_close(rmd, rm)
     assert_close(rvd, rv)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_fast_paths_in_eval(dev: torch.device, norm_first: bool, activation: str) -> None:
+    # In eval mode under no_grad, nn.TransformerEncoderLayer and nn.MultiheadAttention take
+    # PyTorch's fused fast paths (_transformer_encoder_layer_fwd, _native_multi_head_attention).
+    torch.manual_seed(5)
+    layer = nn.TransformerEncoderLayer(32, 4, 64, batch_first=True, norm_first=norm_first, activation=activation).eval()
+    layer_d = copy.deepcopy(layer).to(dev)
+    x = torch.randn(2, 5, 32)
+    pad = torch.tensor([[False] * 5, [False, False, False, True, True]])
+    causal = nn.Transformer.generate_square_subsequent_mask(5)
+    with torch.no_grad():
+        for kw in (dict(), dict(src_key_padding_mask=pad), dict(src_mask=causal, is_causal=True)):
+            ref = layer(x, **kw)
+            got = layer_d(x.to(dev), **{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+            assert_close(got, ref, rtol=1e-5, atol=1e-5)
+        mha = nn.MultiheadAttention(32, 4, batch_first=True).eval()
+        mha_d = copy.deepcopy(mha).to(dev)
+        for kw in (dict(), dict(key_padding_mask=pad), dict(average_attn_weights=False)):
+            ref = mha(x, x, x, **kw)
+            got = mha_d(x.to(dev), x.to(dev), x.to(dev), **{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+            assert_close(got[0], ref[0], rtol=1e-5, atol=1e-5)
+            assert_close(got[1], ref[1], rtol=1e-5, atol=1e-6)
+        # A padded batch through nn.TransformerEncoder stays dense on pjrt (no nested tensors):
+        # the unpadded positions match CPU.
+        enc = nn.TransformerEncoder(copy.deepcopy(layer), 2).eval()
+        enc_d = copy.deepcopy(enc).to(dev)
+        ref = enc(x, src_key_padding_mask=pad)
+        ref = ref.to_padded_tensor(0.0) if ref.is_nested else ref
+        got = enc_d(x.to(dev), src_key_padding_mask=pad.to(dev)).cpu()
+        keep = ~pad
+        torch.testing.assert_close(got[keep], ref[keep], rtol=1e-5, atol=1e-5)
