@@ -90,6 +90,21 @@ Tensor igammac_fn(const Tensor& s, const Tensor& o) { return igamma_impl("igamma
 Tensor& igammac_out(const Tensor& s, const Tensor& o, Tensor& out) { return write_out("igammac", igammac_fn(s, o), out); }
 Tensor& igammac_inplace(Tensor& s, const Tensor& o) { return igamma_impl("igammac", s, o, true, &s), s; }
 
+Tensor bessel_impl(const char* name, const Tensor& self, int order, bool second_kind) {
+  at::ScalarType out = float_result(self.scalar_type());
+  TORCH_CHECK(at::isFloatingType(out), name, ": expected a real input, got ", self.scalar_type());
+  OpBuilder op(std::string("aten::") + name);
+  Value r = L::bessel_jy(op.b(), op.b().convert(op.input(self), to_ir(out)), order, second_kind);
+  return finish(op, r, out, nullptr);
+}
+#define BESSEL_KERNELS(NAME, ORDER, SECOND)                                                     \
+  Tensor NAME##_fn(const Tensor& s) { return bessel_impl("special_" #NAME, s, ORDER, SECOND); } \
+  Tensor& NAME##_out(const Tensor& s, Tensor& out) { return write_out("special_" #NAME, NAME##_fn(s), out); }
+BESSEL_KERNELS(bessel_j0, 0, false)
+BESSEL_KERNELS(bessel_j1, 1, false)
+BESSEL_KERNELS(bessel_y0, 0, true)
+BESSEL_KERNELS(bessel_y1, 1, true)
+
 // ---------------------------------------------------------------- integers
 
 Tensor gcd_lcm(const char* name, const Tensor& self, const Tensor& other, bool lcm, const Tensor* into) {
@@ -328,6 +343,14 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("igammac", igammac_fn);
   m.impl("igammac.out", igammac_out);
   m.impl("igammac_", igammac_inplace);
+  m.impl("special_bessel_j0", bessel_j0_fn);
+  m.impl("special_bessel_j0.out", bessel_j0_out);
+  m.impl("special_bessel_j1", bessel_j1_fn);
+  m.impl("special_bessel_j1.out", bessel_j1_out);
+  m.impl("special_bessel_y0", bessel_y0_fn);
+  m.impl("special_bessel_y0.out", bessel_y0_out);
+  m.impl("special_bessel_y1", bessel_y1_fn);
+  m.impl("special_bessel_y1.out", bessel_y1_out);
   m.impl("gcd", gcd_fn);
   m.impl("gcd.out", gcd_out);
   m.impl("gcd_", gcd_inplace);

@@ -573,6 +573,82 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
   return b.convert(r, out);
 }
 
+Value bessel_jy(Builder& b, Value x_in, int order, bool second_kind) {
+  DType out = b.dtype(x_in);
+  Value x = b.convert(x_in, DType::F64);
+  auto c = [&](Builder& bb, Value like, double v) { return bb.scalar_like(like, v); };
+  const double kGamma = 0.57721566490153286061, kPi = M_PI, kSwitch = 12.0;
+  Value ax = b.unary("abs", x);
+  // Series at s = min(|x|, 12) (the other branch serves larger |x|), in one loop of 60 terms.
+  Value sv = b.binary("maximum", b.binary("minimum", ax, c(b, ax, kSwitch)), c(b, ax, 1e-300));
+  Value half = b.binary("multiply", sv, c(b, sv, 0.5));
+  Value z = b.binary("multiply", half, half);
+  // u_k = (-z)^k / (k!)^2 (J0 terms), v_k = (s/2) (-z)^k / (k!(k+1)!) (J1 terms).
+  Value one = c(b, sv, 1), zero = c(b, sv, 0);
+  auto loop = b.while_loop(
+      {b.constant_int(DType::S64, 1), z, one, one, zero, half, half, b.binary("multiply", half, c(b, half, 1 - 2 * kGamma + 0.0)),
+       zero},
+      [](Builder& bb, const std::vector<Value>& st) { return bb.compare(st[0], bb.constant_int(DType::S64, 60), "LT"); },
+      [&](Builder& bb, const std::vector<Value>& st) -> std::vector<Value> {
+        Value k = st[0], zz = st[1], u = st[2], sum_u = st[3], sum_hu = st[4], v = st[5], sum_v = st[6], sum_pv = st[7],
+              h = st[8];
+        Value kf = bb.broadcast_to(bb.convert(k, DType::F64), bb.dims(zz));
+        Value h_k = bb.binary("add", h, bb.binary("divide", bb.scalar_like(kf, 1), kf));  // H_k
+        u = bb.binary("divide", bb.binary("multiply", u, bb.unary("negate", zz)), bb.binary("multiply", kf, kf));
+        v = bb.binary("divide", bb.binary("multiply", v, bb.unary("negate", zz)), bb.binary("multiply", kf, bb.binary("add", kf, bb.scalar_like(kf, 1))));
+        // psi(k+1) + psi(k+2) = -2 gamma + 2 H_k + 1/(k+1).
+        Value psi = bb.binary("add", bb.binary("add", bb.scalar_like(kf, -2 * kGamma), bb.binary("multiply", h_k, bb.scalar_like(h_k, 2))),
+                              bb.binary("divide", bb.scalar_like(kf, 1), bb.binary("add", kf, bb.scalar_like(kf, 1))));
+        return {bb.binary("add", k, bb.constant_int(DType::S64, 1)), zz, u, bb.binary("add", sum_u, u),
+                bb.binary("add", sum_hu, bb.binary("multiply", h_k, u)), v, bb.binary("add", sum_v, v),
+                bb.binary("add", sum_pv, bb.binary("multiply", psi, v)), h_k};
+      });
+  Value j0s = loop[3], j1s = loop[6];
+  Value log_half = b.unary("log", half);
+  Value series;
+  if (!second_kind) {
+    series = order == 0 ? j0s : j1s;
+  } else if (order == 0) {
+    series = b.binary("multiply", c(b, sv, 2 / kPi),
+                      b.binary("subtract", b.binary("multiply", b.binary("add", log_half, c(b, sv, kGamma)), j0s), loop[4]));
+  } else {
+    // -2/(pi s) + (2/pi) ln(s/2) J1 - (1/pi) sum (psi(k+1) + psi(k+2)) v_k   (k = 0 term: 1 - 2 gamma).
+    series = b.binary("add", b.binary("divide", c(b, sv, -2 / kPi), sv),
+                      b.binary("subtract", b.binary("multiply", c(b, sv, 2 / kPi), b.binary("multiply", log_half, j1s)),
+                               b.binary("multiply", c(b, sv, 1 / kPi), loop[7])));
+  }
+  // Hankel's expansion at a = max(|x|, 12).
+  Value a = b.binary("maximum", ax, c(b, ax, kSwitch));
+  double mu = 4.0 * order * order;
+  Value p = c(b, a, 1), q = c(b, a, 0), power = c(b, a, 1);
+  double coef = 1.0;
+  for (int k = 1; k <= 20; ++k) {
+    coef *= (mu - (2.0 * k - 1) * (2.0 * k - 1)) / (8.0 * k);
+    power = b.binary("divide", power, a);
+    Value t = b.binary("multiply", power, c(b, a, coef));
+    // P takes the even terms with alternating signs, Q the odd ones.
+    double sign = ((k / 2) % 2 == 0) ? 1.0 : -1.0;
+    if (k % 2 == 0) p = b.binary("add", p, b.binary("multiply", t, c(b, t, sign)));
+    else q = b.binary("add", q, b.binary("multiply", t, c(b, t, sign)));
+  }
+  Value chi = b.binary("subtract", a, c(b, a, (order / 2.0 + 0.25) * kPi));
+  Value amp = b.unary("sqrt", b.binary("divide", c(b, a, 2 / kPi), a));
+  Value cs = b.unary("cosine", chi), sn = b.unary("sine", chi);
+  Value asym = second_kind ? b.binary("multiply", amp, b.binary("add", b.binary("multiply", p, sn), b.binary("multiply", q, cs)))
+                           : b.binary("multiply", amp, b.binary("subtract", b.binary("multiply", p, cs), b.binary("multiply", q, sn)));
+  Value r = b.select(b.compare(ax, c(b, ax, kSwitch), "LT"), series, asym);
+  if (!second_kind) {
+    if (order == 1) r = b.select(b.compare(x, c(b, x, 0), "LT"), b.unary("negate", r), r);  // odd
+    r = b.select(b.compare(ax, c(b, ax, 0), "EQ"), c(b, r, order == 0 ? 1 : 0), r);
+  } else {
+    r = b.select(b.compare(x, c(b, x, 0), "EQ"), c(b, r, -INFINITY), r);
+    r = b.select(b.compare(x, c(b, x, 0), "LT"), c(b, r, NAN), r);
+  }
+  r = b.select(b.compare(ax, c(b, ax, INFINITY), "EQ"), c(b, r, NAN), r);  // as torch's CPU kernels
+  r = b.select(b.compare(x, x, "NE"), x, r);
+  return b.convert(r, out);
+}
+
 Value gcd(Builder& b, Value x, Value y) {
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
   x = b.unary("abs", b.broadcast_to(x, shape));

@@ -66,6 +66,10 @@ Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Valu
 // in f64: the power series below x = a + 1, a continued fraction (modified
 // Lentz) above, both in one loop until every element converged.
 Value igamma(Builder& b, Value a, Value x, bool upper);
+// Bessel functions of the first (J) and second (Y) kind of order 0 or 1, in
+// f64: power series (A&S 9.1.10/9.1.11) below |x| = 12, Hankel's asymptotic
+// expansion (20 terms, coefficients generated) above.
+Value bessel_jy(Builder& b, Value x, int order, bool second_kind);
 // Elementwise gcd of integers (Euclid's algorithm in one loop), non-negative.
 Value gcd(Builder& b, Value x, Value y);
 
