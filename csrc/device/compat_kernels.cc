@@ -612,7 +612,9 @@ Tensor cdist_forward_k(const Tensor& x1, const Tensor& x2, double p, std::option
   TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
   TORCH_CHECK(x1.dim() >= 2 && x2.dim() >= 2 && x1.size(-1) == x2.size(-1),
               "X1 and X2 must have the same number of columns. X1: ", x1.size(-1), " X2: ", x2.size(-1));
-  (void)compute_mode;  // the direct form always: the matmul shortcut only changes rounding
+  // The direct form: torch.cdist takes the matmul form for p = 2 itself (above this op) when
+  // compute_mode asks for it. It holds the [.., P, R, M] differences: large inputs with p != 2 are costly.
+  (void)compute_mode;
   Tensor diff = x1.unsqueeze(-2) - x2.unsqueeze(-3);
   return at::linalg_vector_norm(diff, p, {-1});
 }
@@ -627,11 +629,11 @@ Tensor cdist_backward_k(const Tensor& grad, const Tensor& x1, const Tensor& x2, 
     per = diff.sign();
   } else if (std::isinf(p)) {
     per = diff.sign() * (diff.abs() == d).to(diff.scalar_type());
-  } else if (p < 1) {
-    per = at::where(diff == 0, at::zeros_like(diff), diff.sign() * diff.abs().pow(p - 1) / d.pow(p - 1));
   } else {
+    // sign(diff) |diff|^(p-1) / d^(p-1) (as CPU; diff * |diff|^(p-2) would be 0 * inf at diff = 0 for p < 2).
     Tensor safe = at::where(d == 0, at::ones_like(d), d);
-    per = at::where(d == 0, at::zeros_like(diff), diff * diff.abs().pow(p - 2) / safe.pow(p - 1));
+    per = at::where(diff == 0, at::zeros_like(diff), diff.sign() * diff.abs().pow(p - 1));
+    per = at::where(d == 0, at::zeros_like(diff), per / safe.pow(p - 1));
   }
   return (g * per).sum(-2);
 }

@@ -2,6 +2,7 @@
 // share storage; a storage read in another dtype is split into or paired from
 // (real, imag) components), conj_physical, complex/polar, and the _fft_* family
 // through stablehlo.fft.
+#include <ATen/WrapDimUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
@@ -69,11 +70,17 @@ at::Tensor fft_impl(const char* name, const at::Tensor& self, c10::IntArrayRef d
     TORCH_CHECK(self.is_complex(), name, ": expected a complex input, got ", self.scalar_type());
   }
   if (kind == "c2r") TORCH_CHECK(last_dim_size >= 1, name, ": invalid output size ", last_dim_size);
+  std::vector<int64_t> dims;
+  for (int64_t d : dim) {
+    int64_t w = at::maybe_wrap_dim(d, self.dim());
+    TORCH_CHECK(std::find(dims.begin(), dims.end(), w) == dims.end(), name, ": dims must be unique, got ", dim);
+    dims.push_back(w);
+  }
   at::ScalarType real = kind == "r2c" ? (self.scalar_type() == at::kDouble ? at::kDouble : at::kFloat)
                                       : at::toRealValueType(self.scalar_type());
   at::ScalarType result = kind == "c2r" ? real : at::toComplexType(real);
   OpBuilder op(std::string("aten::") + name);
-  Value r = L::fft(op.b(), op.input(self), vec(dim), kind, forward, normalization, last_dim_size);
+  Value r = L::fft(op.b(), op.input(self), dims, kind, forward, normalization, last_dim_size);
   return finish(op, r, result, into);
 }
 

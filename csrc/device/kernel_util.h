@@ -12,24 +12,19 @@ namespace torch_pjrt::device {
 
 inline std::vector<int64_t> vec(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 
-// The layout a result of `rank` dims takes, as PyTorch's CPU kernels choose
-// it: channels-last when the first input of that rank is (pointwise ops,
-// convolutions, pooling, normalization), else contiguous.
-inline at::MemoryFormat layout_for(int64_t rank, std::initializer_list<const at::Tensor*> inputs) {
-  for (const at::Tensor* t : inputs) {
-    if (!t || !t->defined() || t->dim() != rank || (rank != 4 && rank != 5)) continue;
-    at::MemoryFormat f = t->suggest_memory_format();
-    if (f != at::MemoryFormat::Contiguous) return f;
-    if (!t->is_contiguous(rank == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d)) break;
-    // Both layouts at once (one channel, or 1x1 spatial): the next input decides.
-  }
+// The layout of a result shaped like `t` (a gradient of it): channels-last when
+// t is (and not also contiguous), as PyTorch's CPU kernels choose it.
+inline at::MemoryFormat layout_like(const at::Tensor& t) {
+  if (t.dim() == 4 && t.is_contiguous(at::MemoryFormat::ChannelsLast) && !t.is_contiguous()) return at::MemoryFormat::ChannelsLast;
+  if (t.dim() == 5 && t.is_contiguous(at::MemoryFormat::ChannelsLast3d) && !t.is_contiguous()) return at::MemoryFormat::ChannelsLast3d;
   return at::MemoryFormat::Contiguous;
 }
 
-// Finishes an op: a fresh result (in `format`; by default the layout its
-// inputs suggest), or a write into `into` (in-place / out=).
+// Finishes an op: a fresh result (in `format`: pointwise, convolution, pooling
+// and normalization kernels pass op.suggested_layout, the rest are contiguous
+// as on CPU), or a write into `into` (in-place / out=).
 inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const at::Tensor* into,
-                         std::optional<at::MemoryFormat> format = std::nullopt) {
+                         at::MemoryFormat format = at::MemoryFormat::Contiguous) {
   if (into) {
     at::Tensor dst = *into;
     auto shape = op.b().dims(v);
@@ -38,7 +33,7 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
     op.run();
     return dst;
   }
-  at::Tensor t = op.output(v, dtype, format ? *format : op.suggested_layout(op.b().type(v).rank()));
+  at::Tensor t = op.output(v, dtype, format);
   op.run();
   return t;
 }

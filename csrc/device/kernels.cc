@@ -33,7 +33,7 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   }
   Value x = op.input(self);
   Value r = L::unary(op.b(), name, x, to_ir(compute), to_ir(out));
-  return finish(op, r, out, into, layout_for(self.dim(), {&self}));
+  return finish(op, r, out, into, op.suggested_layout(self.dim()));
 }
 
 #define UNARY_KERNELS(NAME, TO_FLOAT)                                                               \
@@ -165,7 +165,7 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
-  return finish(op, r, out, into, layout_for(static_cast<int64_t>(shape.size()), {&self, &other}));
+  return finish(op, r, out, into, op.suggested_layout(static_cast<int64_t>(shape.size())));
 }
 
 
@@ -249,7 +249,7 @@ at::Tensor polygamma_impl(int64_t n, const at::Tensor& self, const at::Tensor* i
                                b.binary("chlo.polygamma", b.scalar_like(x, 1), one_minus));
     r = b.select(b.compare(x, b.scalar_like(x, 0), "LT"), reflected, r);
   }
-  return finish(op, b.convert(r, to_ir(out)), out, into);
+  return finish(op, b.convert(r, to_ir(out)), out, into, op.suggested_layout(self.dim()));
 }
 at::Tensor polygamma_fn(int64_t n, const at::Tensor& s) { return polygamma_impl(n, s, nullptr); }
 at::Tensor& polygamma_out(int64_t n, const at::Tensor& s, at::Tensor& out) {
@@ -262,7 +262,7 @@ at::Tensor nan_to_num_impl(const at::Tensor& self, std::optional<double> nan, st
   OpBuilder op("aten::nan_to_num");
   auto& b = op.b();
   Value x = op.input(self);
-  if (!at::isFloatingType(self.scalar_type())) return finish(op, x, self.scalar_type(), into);
+  if (!at::isFloatingType(self.scalar_type())) return finish(op, x, self.scalar_type(), into, op.suggested_layout(self.dim()));
   double big = 0;
   switch (self.scalar_type()) {
     case at::kHalf: big = 65504.0; break;
@@ -274,7 +274,7 @@ at::Tensor nan_to_num_impl(const at::Tensor& self, std::optional<double> nan, st
   Value r = b.select(b.compare(x, x, "NE"), b.broadcast_to(op.scalar(nan.value_or(0.0), t), b.dims(x)), x);
   r = b.select(b.compare(x, b.scalar_like(x, INFINITY), "EQ"), b.broadcast_to(op.scalar(posinf.value_or(big), t), b.dims(x)), r);
   r = b.select(b.compare(x, b.scalar_like(x, -INFINITY), "EQ"), b.broadcast_to(op.scalar(neginf.value_or(-big), t), b.dims(x)), r);
-  return finish(op, r, self.scalar_type(), into);
+  return finish(op, r, self.scalar_type(), into, op.suggested_layout(self.dim()));
 }
 at::Tensor nan_to_num_fn(const at::Tensor& s, std::optional<double> n, std::optional<double> p, std::optional<double> m) {
   return nan_to_num_impl(s, n, p, m, nullptr);
@@ -299,7 +299,7 @@ at::Tensor logit_impl(const at::Tensor& self, std::optional<double> eps, const a
     x = L::clamp(b, x, &lo, &hi, b.dtype(x));
   }
   Value r = b.unary("log", b.binary("divide", x, b.binary("subtract", b.scalar_like(x, 1), x)));
-  return finish(op, r, out, into);
+  return finish(op, r, out, into, op.suggested_layout(self.dim()));
 }
 at::Tensor logit_fn(const at::Tensor& s, std::optional<double> eps) { return logit_impl(s, eps, nullptr); }
 at::Tensor& logit_out(const at::Tensor& s, std::optional<double> eps, at::Tensor& out) {
@@ -332,7 +332,7 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
     }
     Value r = L::add_scaled(op.b(), x, y, op.scalar(alpha, common), to_ir(common), subtract);
-    return finish(op, r, common, into, layout_for(static_cast<int64_t>(shape.size()), {&self, &other}));
+    return finish(op, r, common, into, op.suggested_layout(static_cast<int64_t>(shape.size())));
   }
   return binary_op(name, self, other, into);
 }
@@ -411,7 +411,7 @@ at::Tensor where_self(const at::Tensor& cond, const at::Tensor& self, const at::
   OpBuilder op("aten::where");
   at::ScalarType out = at::result_type(self, other);
   Value r = L::where(op.b(), op.input(cond), op.input(self), op.input(other), to_ir(out));
-  return finish(op, r, out, nullptr);
+  return finish(op, r, out, nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor& where_out(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   OpBuilder op("aten::where");
@@ -455,7 +455,7 @@ at::Tensor clamp_impl(const at::Tensor& self, const std::optional<at::Tensor>& l
   if (lo) l = op.input(*lo);
   if (hi) h = op.input(*hi);
   Value r = L::clamp(op.b(), x, lo ? &l : nullptr, hi ? &h : nullptr, to_ir(out));
-  return finish(op, r, out, into);
+  return finish(op, r, out, into, op.suggested_layout(self.dim()));
 }
 std::optional<at::Tensor> opt_scalar(const std::optional<at::Scalar>& s) {
   if (!s) return std::nullopt;
@@ -528,7 +528,7 @@ at::Tensor addc(const char* name, const at::Tensor& self, const at::Tensor& t1, 
   Value v = b.broadcast_to(op.scalar(value, common), shape);
   Value prod = b.binary(divide ? "divide" : "multiply", a, d);
   Value r = b.binary("add", x, b.binary("multiply", v, prod));
-  return finish(op, r, common, into);
+  return finish(op, r, common, into, op.suggested_layout(self.dim()));
 }
 at::Tensor& addcmul_out(const at::Tensor& s, const at::Tensor& a, const at::Tensor& b, const at::Scalar& v, at::Tensor& out) {
   addc("addcmul", s, a, b, v, &out, false);
@@ -563,7 +563,7 @@ at::Tensor lerp_impl(const at::Tensor& self, const at::Tensor& end, const at::Te
   e = b.broadcast_to(e, shape);
   w = b.broadcast_to(w, shape);
   Value r = b.binary("add", x, b.binary("multiply", w, b.binary("subtract", e, x)));
-  return finish(op, r, self.scalar_type(), into);
+  return finish(op, r, self.scalar_type(), into, op.suggested_layout(self.dim()));
 }
 at::Tensor& lerp_s_inplace(at::Tensor& s, const at::Tensor& e, const at::Scalar& w) {
   lerp_impl(s, e, at::scalar_tensor(w, at::TensorOptions().dtype(s.scalar_type())), &s);
@@ -1314,7 +1314,7 @@ at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Te
 
 at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
                            const at::Tensor& values, bool accumulate, bool unsafe) {
-  if (indices.size() == 1 && indices.get(0).has_value() && indices.get(0)->scalar_type() == at::kByte &&
+  if (!accumulate && indices.size() == 1 && indices.get(0).has_value() && indices.get(0)->scalar_type() == at::kByte &&
       values.numel() == 1) {
     // CPU turns this form into masked_fill_, which refuses uint8 masks.
     TORCH_CHECK(false, "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char");
@@ -1384,12 +1384,13 @@ at::Tensor threshold_backward_fn(const at::Tensor& grad, const at::Tensor& self,
   x = b.broadcast_to(x, shape);
   Value t = b.broadcast_to(op.scalar(threshold, grad.scalar_type()), shape);
   Value r = b.select(b.compare(x, t, "LE"), b.scalar_like(g, 0), g);
-  return finish(op, r, grad.scalar_type(), nullptr);
+  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
 at::Tensor gelu_fn(const at::Tensor& self, c10::string_view approximate) {
   OpBuilder op("aten::gelu");
-  return finish(op, L::gelu(op.b(), op.input(self), approximate == "tanh"), self.scalar_type(), nullptr);
+  Value r = L::gelu(op.b(), op.input(self), approximate == "tanh");  // read first: the layout follows the input
+  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
   OpBuilder op("aten::gelu_");
@@ -1398,8 +1399,8 @@ at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
 }
 at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
   OpBuilder op("aten::gelu_backward");
-  return finish(op, L::gelu_backward(op.b(), op.input(grad), op.input(self), approximate == "tanh"),
-                self.scalar_type(), nullptr);
+  Value r = L::gelu_backward(op.b(), op.input(grad), op.input(self), approximate == "tanh");
+  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
 at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
@@ -1408,23 +1409,24 @@ at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
   Value x = op.input(self), g = op.input(grad);
   Value s = b.unary("logistic", x);
   Value d = b.binary("multiply", s, b.binary("add", b.scalar_like(x, 1), b.binary("multiply", x, b.binary("subtract", b.scalar_like(s, 1), s))));
-  return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr);
+  return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
 at::Tensor sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::sigmoid_backward");
   auto& b = op.b();
   Value y = op.input(out), g = op.input(grad);
-  Value r = b.binary("multiply", g, b.binary("multiply", y, b.binary("subtract", b.scalar_like(y, 1), y)));
-  return finish(op, r, grad.scalar_type(), nullptr);
+  // Complex inputs: PyTorch's convention multiplies by the conjugate derivative.
+  Value r = b.binary("multiply", g, b.conj(b.binary("multiply", y, b.binary("subtract", b.scalar_like(y, 1), y))));
+  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
 at::Tensor tanh_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::tanh_backward");
   auto& b = op.b();
   Value y = op.input(out), g = op.input(grad);
-  Value r = b.binary("multiply", g, b.binary("subtract", b.scalar_like(y, 1), b.binary("multiply", y, y)));
-  return finish(op, r, grad.scalar_type(), nullptr);
+  Value r = b.binary("multiply", g, b.conj(b.binary("subtract", b.scalar_like(y, 1), b.binary("multiply", y, y))));
+  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fn(const at::Tensor& input, c10::IntArrayRef normalized_shape,
@@ -1599,7 +1601,7 @@ at::Tensor bernoulli_tensor(const at::Tensor& p, std::optional<at::Generator> ge
   Value pv = b.convert(op.input(p), ir::DType::F32);
   auto r = L::uniform(b, op.rng_state(pick_generator(gen, p)), ir::DType::F32, vec(p.sizes()));
   op.set_rng_state(r[0]);
-  return finish(op, b.compare(r[1], pv, "LT"), p.scalar_type(), nullptr);
+  return finish(op, b.compare(r[1], pv, "LT"), p.scalar_type(), nullptr, op.suggested_layout(p.dim()));
 }
 
 std::tuple<at::Tensor, at::Tensor> native_dropout_fn(const at::Tensor& input, double p, std::optional<bool> train) {
@@ -1632,7 +1634,7 @@ at::Tensor native_dropout_backward_fn(const at::Tensor& grad, const at::Tensor& 
   Value g = b.convert(op.input(grad), to_ir(out));
   Value m = b.convert(op.input(mask), ir::DType::Pred);
   Value r = b.select(m, b.binary("multiply", g, b.broadcast_to(op.scalar(scale, out), b.dims(g))), b.scalar_like(g, 0));
-  return finish(op, r, out, nullptr);
+  return finish(op, r, out, nullptr, op.suggested_layout(grad.dim()));
 }
 
 at::Tensor& random_from_to(at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {

@@ -686,7 +686,9 @@ bool equal_fn(const at::Tensor& self, const at::Tensor& other) {
   if (!self.sizes().equals(other.sizes())) return false;
   return at::eq(self, other).all().item<bool>();  // one host sync, like CPU's answer
 }
-at::Tensor vdot_fn(const at::Tensor& self, const at::Tensor& other) { return at::dot(self, other); }
+at::Tensor vdot_fn(const at::Tensor& self, const at::Tensor& other) {
+  return at::dot(self.conj(), other);  // conjugates its first argument (dot reads the lazy conj bit)
+}
 
 at::Tensor round_decimals_impl(const at::Tensor& self, int64_t decimals, const at::Tensor* into) {
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "round_decimals: only floating point inputs are supported, got ",

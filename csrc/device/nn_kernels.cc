@@ -95,7 +95,7 @@ at::Tensor convolution_fn(const at::Tensor& input, const at::Tensor& weight, con
   if (bias && bias->defined()) {
     y = b.binary("add", y, b.broadcast_in_dim(b.convert(op.input(*bias), b.dtype(y)), b.dims(y), {1}));
   }
-  return finish(op, y, input.scalar_type(), nullptr, layout_for(input.dim(), {&input, &weight}));
+  return finish(op, y, input.scalar_type(), nullptr, op.suggested_layout(input.dim()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
@@ -115,12 +115,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
       std::vector<int64_t> limit = vec(input.sizes());
       if (b.dims(v) != limit) v = b.slice(v, std::vector<int64_t>(limit.size(), 0), limit, std::vector<int64_t>(limit.size(), 1));
     }
-    gi = op.output(v, input.scalar_type(), layout_for(input.dim(), {&input, &weight}));
+    gi = op.output(v, input.scalar_type(), layout_like(input));
   }
   if (mask[1]) {
     Value v = transposed ? L::conv_weight_grad(b, g, x, p, spatial(weight, n))
                          : L::conv_weight_grad(b, x, g, p, spatial(weight, n));
-    gw = op.output(v, weight.scalar_type(), layout_for(weight.dim(), {&input, &weight}));
+    gw = op.output(v, weight.scalar_type(), layout_like(input));
   }
   if (mask[2]) {
     std::vector<int64_t> dims{0};
@@ -178,7 +178,7 @@ std::tuple<at::Tensor, at::Tensor> max_pool_fn(size_t n, const char* name, const
   auto p = pool_params(name, n, kernel, stride, padding, dilation, ceil_mode, self);
   OpBuilder op(std::string("aten::") + name);
   auto r = L::max_pool(op.b(), op.input(self), p);
-  at::MemoryFormat layout = layout_for(self.dim(), {&self});
+  at::MemoryFormat layout = op.suggested_layout(self.dim());
   at::Tensor v = op.output(r[0], self.scalar_type(), layout);
   at::Tensor i = op.output(r[1], at::kLong, layout);
   op.run();
@@ -189,7 +189,7 @@ at::Tensor max_pool_backward_fn(size_t n, const char* name, const at::Tensor& gr
                                 const at::Tensor& indices) {
   OpBuilder op(std::string("aten::") + name);
   Value r = L::max_pool_backward(op.b(), op.input(grad), op.input(indices), vec(self.sizes()), n);
-  return finish(op, r, self.scalar_type(), nullptr, layout_for(self.dim(), {&self}));
+  return finish(op, r, self.scalar_type(), nullptr, layout_like(self));
 }
 
 #define MAX_POOL_KERNELS(N)                                                                                    \
@@ -213,7 +213,7 @@ at::Tensor avg_pool_fn(size_t n, const char* name, const at::Tensor& self, c10::
   auto p = pool_params(name, n, kernel, stride, padding, {}, ceil_mode, self);
   OpBuilder op(std::string("aten::") + name);
   Value r = L::avg_pool(op.b(), op.input(self), p, count_include_pad, divisor.value_or(0));
-  return finish(op, r, self.scalar_type(), nullptr, layout_for(self.dim(), {&self}));
+  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
 }
 
 at::Tensor avg_pool_backward_fn(size_t n, const char* name, const at::Tensor& grad, const at::Tensor& self,
@@ -222,7 +222,7 @@ at::Tensor avg_pool_backward_fn(size_t n, const char* name, const at::Tensor& gr
   auto p = pool_params(name, n, kernel, stride, padding, {}, ceil_mode, self);
   OpBuilder op(std::string("aten::") + name);
   Value r = L::avg_pool_backward(op.b(), op.input(grad), vec(self.sizes()), p, count_include_pad, divisor.value_or(0));
-  return finish(op, r, self.scalar_type(), nullptr, layout_for(self.dim(), {&self}));
+  return finish(op, r, self.scalar_type(), nullptr, layout_like(self));
 }
 
 #define AVG_POOL_KERNELS(N)                                                                                      \
@@ -248,7 +248,7 @@ at::Tensor adaptive_avg_pool_fn(size_t n, const char* name, const at::Tensor& se
   }
   OpBuilder op(std::string("aten::") + name);
   Value r = L::adaptive_avg_pool(op.b(), op.input(self), vec(output_size));
-  return finish(op, r, self.scalar_type(), nullptr, layout_for(self.dim(), {&self}));
+  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor adaptive_avg_pool2d_fn(const at::Tensor& s, c10::IntArrayRef o) {
   return adaptive_avg_pool_fn(2, "_adaptive_avg_pool2d", s, o);
@@ -259,7 +259,7 @@ at::Tensor adaptive_avg_pool3d_fn(const at::Tensor& s, c10::IntArrayRef o) {
 at::Tensor adaptive_avg_pool_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
   OpBuilder op("aten::_adaptive_avg_pool_backward");
   Value r = L::adaptive_avg_pool_backward(op.b(), op.input(grad), vec(self.sizes()));
-  return finish(op, r, self.scalar_type(), nullptr, layout_for(self.dim(), {&self}));
+  return finish(op, r, self.scalar_type(), nullptr, layout_like(self));
 }
 
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool_fn(size_t n, const char* name, const at::Tensor& self,
@@ -463,7 +463,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(const at::Tensor&
   const Value* rvp = opt(running_var, &rv);
   auto r = L::batch_norm(b, op.input(input), wp, bp, rmp, rvp, training, momentum, eps);
   at::ScalarType stat_type = has_stats ? running_mean->scalar_type() : to_aten(b.dtype(r[1]));
-  at::Tensor out = op.output(r[0], input.scalar_type(), layout_for(input.dim(), {&input}));
+  at::Tensor out = op.output(r[0], input.scalar_type(), op.suggested_layout(input.dim()));
   at::Tensor save_mean, save_invstd;
   if (training) {
     save_mean = op.output(b.convert(r[1], to_ir(stat_type)), stat_type);
@@ -530,7 +530,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_batch_norm_backward_fn(
   }
   auto r = L::batch_norm_backward(b, op.input(grad), op.input(input), has_w ? &w : nullptr, mean, invstd, train);
   at::ScalarType param_type = has_w ? weight->scalar_type() : input.scalar_type();
-  at::Tensor gi = mask[0] ? op.output(r[0], input.scalar_type(), layout_for(input.dim(), {&input})) : at::Tensor();
+  at::Tensor gi = mask[0] ? op.output(r[0], input.scalar_type(), layout_like(input)) : at::Tensor();
   at::Tensor gw = mask[1] ? op.output(b.convert(r[1], to_ir(param_type)), param_type) : at::Tensor();
   at::Tensor gb = mask[2] ? op.output(b.convert(r[2], to_ir(param_type)), param_type) : at::Tensor();
   op.run();

@@ -68,6 +68,7 @@ Tensor spherical_bessel_j0(const Tensor& self) {
   Value x = b.convert(op.input(self), L::accumulate_type(to_ir(out)));
   Value r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 1),
                      b.binary("divide", b.unary("sine", x), x));
+  r = b.select(b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ"), b.scalar_like(x, 0), r);
   return finish(op, r, out, nullptr);
 }
 Tensor& spherical_bessel_j0_out(const Tensor& s, Tensor& out) {

@@ -200,10 +200,12 @@ std::vector<Value> lu_factor(Builder& b, Value a) {
         std::vector<int64_t> sizes = ad;
         sizes[r - 1] = 1;
         Value col = c.reshape(c.dynamic_slice(A, starts, sizes), col_dims);
-        // Pivot: the largest |entry| at or below the diagonal (first on ties, as LAPACK).
+        // Pivot: the largest magnitude at or below the diagonal, first on ties; for complex
+        // entries |re| + |im|, as LAPACK's i?amax measures it.
         Value rows = c.iota(DType::S64, col_dims, cr - 1);
         Value below = c.compare(rows, c.broadcast_to(step, col_dims), "GE");
-        Value mag = c.unary("abs", col);
+        Value mag = ir::is_complex(c.dtype(col)) ? c.binary("add", c.unary("abs", c.real(col)), c.unary("abs", c.imag(col)))
+                                                 : c.unary("abs", col);
         Value cand = c.select(below, mag, c.scalar_like(mag, -1));
         Value p = arg_reduce(c, cand, cr - 1, false, true)[1];  // [...] s64
         A = swap(c, A, step, p, true);
@@ -396,6 +398,27 @@ std::vector<Value> svd(Builder& b, Value a, bool full_matrices) {
   Value root2 = b.scalar_like(b.slice_dim(vecs, r - 2, 0, m), std::sqrt(2.0));
   Value U = b.binary("multiply", b.slice_dim(vecs, r - 2, 0, m), root2);
   Value V = b.binary("multiply", b.slice_dim(vecs, r - 2, m, size), b.scalar_like(b.slice_dim(vecs, r - 2, m, size), std::sqrt(2.0)));
+  // Vectors of zero (or repeated) singular values come from one degenerate
+  // eigenspace of H and need not be unit or orthogonal: re-orthonormalize by QR,
+  // keeping each well-determined column (R's diagonal phase undone).
+  auto orthonormal = [&](Value basis) {
+    auto f = geqrf(b, basis);
+    Value q = householder_product(b, f[0], f[1]);
+    Value diag = diagonal(b, f[0]);
+    Value mag = b.unary("abs", diag);
+    Value nonzero = b.compare(mag, b.scalar_like(mag, 0), "NE");
+    Value safe = b.select(nonzero, mag, b.scalar_like(mag, 1));
+    Value phase = ir::is_complex(b.dtype(diag))
+                      ? b.complex(b.binary("divide", b.real(diag), safe), b.binary("divide", b.imag(diag), safe))
+                      : b.binary("divide", diag, safe);
+    phase = b.select(nonzero, phase, b.scalar_like(phase, 1));
+    std::vector<int64_t> map;
+    for (int64_t i = 0; i < r - 2; ++i) map.push_back(i);
+    map.push_back(r - 1);
+    return b.binary("multiply", q, b.broadcast_in_dim(phase, b.dims(q), map));
+  };
+  U = orthonormal(U);
+  V = orthonormal(V);
   if (full_matrices) {
     // Complete the bases: Q of [U | 0] spans U's columns first; keep U itself there.
     auto complete = [&](Value basis, int64_t rows) {

@@ -841,7 +841,9 @@ std::vector<Value> fractional_max_pool(Builder& b, Value x, Value samples, const
   std::vector<Value> pos(k);
   for (size_t d = 0; d < k; ++d) {
     int64_t od = output[d], kd = kernel[d];
-    Value u = b.reshape(b.slice_dim(samples, 2, static_cast<int64_t>(k - 1 - d), static_cast<int64_t>(k - d)), {n, c});
+    // PyTorch's kernels: in 2-d sample 0 is W and 1 is H; in 3-d 0 is T, 1 is H, 2 is W.
+    int64_t which = k == 2 ? static_cast<int64_t>(1 - d) : static_cast<int64_t>(d);
+    Value u = b.reshape(b.slice_dim(samples, 2, which, which + 1), {n, c});
     std::vector<int64_t> nco{n, c, od};
     Value ub = b.broadcast_in_dim(u, nco, {0, 1});
     double alpha = od > 1 ? static_cast<double>(in[d] - kd) / static_cast<double>(od - 1) : 0.0;

@@ -125,9 +125,10 @@ Value ctc_loss_backward(Builder& b, Value grad, Value log_probs, Value targets, 
                         Value nll, Value log_alpha, int64_t blank, bool zero_infinity);
 
 // Fractional max pooling over the trailing k = kernel.size() dims of x [N, C,
-// spatial...]: window starts from samples [N, C, k] (sample 0 for the last dim,
-// as PyTorch orders them) by PyTorch's interval rule, computed in the samples'
-// dtype. {values, int64 flat indices into the spatial dims}.
+// spatial...]: window starts from samples [N, C, k] (ordered as PyTorch's
+// kernels read them: (W, H) in 2-d, (T, H, W) in 3-d) by PyTorch's interval
+// rule, computed in the samples' dtype. {values, int64 flat indices into the
+// spatial dims}.
 std::vector<Value> fractional_max_pool(Builder& b, Value x, Value samples, const std::vector<int64_t>& kernel,
                                        const std::vector<int64_t>& output);
 

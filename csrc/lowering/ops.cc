@@ -466,9 +466,64 @@ Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Valu
     return bb.compare(nv, bb.constant_int(DType::S64, k, bb.dims(nv)), "EQ");
   };
   Value result = b.select(is_deg(b, n, 0), one, b.select(is_deg(b, n, 1), p1, zero));
+  // Chebyshev kinds as torch's CPU kernels: closed forms at |x| = 1, and in terms of
+  // theta = acos(x) for |x| < 1 and n past a small degree; the recurrence only
+  // for the rest, so a huge degree inside (-1, 1) costs nothing.
+  Value closed, closed_value;
+  if (f.rfind("chebyshev_", 0) == 0) {
+    char kind = f.back();
+    Value ax = b.unary("abs", x);
+    Value nf = b.convert(n, b.dtype(x));
+    Value even = b.compare(b.binary("remainder", n, b.constant_int(DType::S64, 2, b.dims(n))), b.constant_int(DType::S64, 0, b.dims(n)), "EQ");
+    Value pos = b.compare(x, zero, "GT");
+    auto sel = [&](Value p, Value a, Value c2) { return b.select(p, a, c2); };
+    auto neg = [&](Value v) { return b.unary("negate", v); };
+    Value n1 = b.binary("add", nf, one), n21 = b.binary("add", b.binary("add", nf, nf), one);
+    Value at_one;  // value at x = +-1
+    if (kind == 't') at_one = sel(b.binary("or", pos, even), one, neg(one));
+    else if (kind == 'u') at_one = sel(b.binary("or", pos, even), n1, neg(n1));
+    else if (kind == 'v') at_one = sel(pos, one, sel(even, n21, neg(n21)));
+    else at_one = sel(pos, n21, sel(even, one, neg(one)));
+    Value theta = unary_table().at("acos")(b, b.binary("minimum", b.binary("maximum", x, c(b, x, -1)), one));
+    Value half_theta = b.binary("multiply", theta, c(b, theta, 0.5));
+    Value nh = b.binary("add", nf, c(b, nf, 0.5));
+    Value trig;
+    if (kind == 't') {
+      trig = b.unary("cosine", b.binary("multiply", nf, theta));
+    } else if (kind == 'u') {
+      Value st = b.unary("sine", theta);
+      Value nz = b.compare(st, zero, "NE");
+      trig = sel(nz, b.binary("divide", b.unary("sine", b.binary("multiply", n1, theta)), sel(nz, st, one)),
+                 b.binary("divide", b.binary("multiply", n1, b.unary("cosine", b.binary("multiply", n1, theta))), x));
+    } else if (kind == 'v') {
+      trig = b.binary("divide", b.unary("cosine", b.binary("multiply", nh, theta)), b.unary("cosine", half_theta));
+    } else {
+      trig = b.binary("divide", b.unary("sine", b.binary("multiply", nh, theta)), b.unary("sine", half_theta));
+    }
+    int64_t past = kind == 't' ? 6 : 8;
+    Value inside = b.binary("and", b.compare(ax, one, "LT"), b.compare(n, b.constant_int(DType::S64, past, b.dims(n)), "GT"));
+    Value edge = b.compare(ax, one, "EQ");
+    Value nonneg = b.compare(n, b.constant_int(DType::S64, 0, b.dims(n)), "GE");
+    closed = b.binary("and", nonneg, b.binary("or", inside, edge));
+    closed_value = sel(edge, at_one, trig);
+  }
+  if (f == "legendre_p" || f == "laguerre_l") {  // CPU's shortcuts before its loop
+    Value nonneg = b.compare(n, b.constant_int(DType::S64, 0, b.dims(n)), "GE");
+    if (f == "legendre_p") {
+      Value even = b.compare(b.binary("remainder", n, b.constant_int(DType::S64, 2, b.dims(n))), b.constant_int(DType::S64, 0, b.dims(n)), "EQ");
+      Value edge = b.compare(b.unary("abs", x), one, "EQ");
+      closed = b.binary("and", nonneg, edge);
+      closed_value = b.select(b.binary("or", b.compare(x, zero, "GT"), even), one, b.unary("negate", one));
+    } else {
+      closed = b.binary("and", nonneg, b.compare(x, zero, "EQ"));
+      closed_value = one;
+    }
+  }
+  // The recurrence runs up to the largest degree not answered above.
+  Value loop_n = closed.valid() ? b.select(closed, b.constant_int(DType::S64, 0, b.dims(n)), n) : n;
   int64_t numel = b.type(n).numel();
   Value max_n = numel == 0 ? b.constant_int(DType::S64, 0)
-                           : b.reduce_simple(b.reshape(n, {numel}), b.constant_int(DType::S64, 0), {0}, "maximum");
+                           : b.reduce_simple(b.reshape(loop_n, {numel}), b.constant_int(DType::S64, 0), {0}, "maximum");
   // Carried: degree k of `cur`, the largest degree, x, n, P_{k-1}, P_k, the result.
   auto out = b.while_loop(
       {b.constant_int(DType::S64, 1), max_n, x, n, one, p1, result},
@@ -496,7 +551,7 @@ Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Valu
         Value at = bb.compare(nv, bb.broadcast_to(k1, bb.dims(nv)), "EQ");
         return {k1, s[1], xv, nv, cur, next, bb.select(at, next, res)};
       });
-  return out[6];
+  return closed.valid() ? b.select(closed, closed_value, out[6]) : out[6];
 }
 
 Value igamma(Builder& b, Value a, Value x, bool upper) {
@@ -544,7 +599,10 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
         // Each element needs only the method it uses.
         Value done = bb.select(st[10], bb.binary("or", series_done, bb.unary("not", bb.unary("is_finite", sum))), cf_done);
         // Edge inputs (answered after the loop) never hold it up.
-        Value edge = bb.binary("or", bb.unary("not", bb.unary("is_finite", xv)), bb.unary("not", bb.unary("is_finite", h)));
+        // (A non-finite fraction matters only where the fraction is used: at x = a - 1 it starts
+        // infinite, and those elements take the series.)
+        Value cf_broken = bb.binary("and", bb.unary("not", st[10]), bb.unary("not", bb.unary("is_finite", h)));
+        Value edge = bb.binary("or", bb.unary("not", bb.unary("is_finite", xv)), cf_broken);
         edge = bb.binary("or", edge, bb.compare(xv, bb.scalar_like(xv, 0), "LE"));
         edge = bb.binary("or", edge, bb.binary("or", bb.compare(av, bb.scalar_like(av, 0), "LE"), bb.compare(av, av, "NE")));
         done = bb.binary("or", done, edge);
@@ -568,6 +626,8 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
                        b.binary("or", b.compare(a, a, "NE"), b.compare(x, x, "NE")));
   Value a_zero = b.compare(a, c(b, a, 0), "EQ");
   r = b.select(b.binary("and", a_zero, b.unary("not", zero_x)), c(b, r, upper ? 0 : 1), r);
+  Value a_inf = b.binary("and", b.compare(a, c(b, a, INFINITY), "EQ"), b.unary("is_finite", x));
+  r = b.select(a_inf, c(b, r, upper ? 1 : 0), r);
   r = b.select(b.binary("and", a_zero, zero_x), c(b, r, NAN), r);
   r = b.select(bad, c(b, r, NAN), r);
   return b.convert(r, out);

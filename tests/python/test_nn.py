@@ -425,7 +425,8 @@ def test_antialiased_interpolation_matches_cpu(dev, mode, size, align_corners):
 def test_fractional_max_pool_matches_cpu(dev, dims):
     # Given the random samples, the windows are deterministic: the same maxima and indices as CPU.
     gen = torch.Generator().manual_seed(0)
-    shape, kernel, out = ((2, 3, 9, 10), (3, 2), (4, 5)) if dims == 2 else ((2, 2, 6, 7, 8), (2, 3, 2), (3, 3, 4))
+    # Non-integer interval ratios ((in - kernel) / (out - 1)), so the windows depend on the samples.
+    shape, kernel, out = ((2, 3, 10, 11), (2, 3), (4, 5)) if dims == 2 else ((2, 2, 10, 9, 11), (2, 2, 3), (4, 4, 5))
     x = torch.randn(*shape, generator=gen)
     samples = torch.rand(shape[0], shape[1], dims, generator=gen)
     op = torch.ops.aten.fractional_max_pool2d if dims == 2 else torch.ops.aten.fractional_max_pool3d
