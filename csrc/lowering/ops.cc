@@ -446,7 +446,18 @@ Value binary(Builder& b, const std::string& name, Value x, Value y, DType comput
 Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Value n) {
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(n));
   x = b.broadcast_to(x, shape);
-  n = b.broadcast_to(b.convert(n, DType::S64), shape);
+  n = b.broadcast_to(n, shape);
+  if (ir::is_floating(b.dtype(n))) {
+    // torch truncates a float degree to int64 with C's cast: on x86 an
+    // out-of-range or NaN degree becomes INT64_MIN (a polynomial of 0), where
+    // XLA's convert would saturate to a huge degree.
+    Value nf = b.convert(n, DType::F64);
+    Value ok = b.binary("and", b.unary("is_finite", nf), b.compare(b.unary("abs", nf), b.scalar_like(nf, 9.2e18), "LT"));
+    nf = b.select(ok, nf, b.scalar_like(nf, -1));
+    n = b.convert(nf, DType::S64);
+  } else {
+    n = b.convert(n, DType::S64);
+  }
   std::string f = family;
   if (f.rfind("shifted_", 0) == 0) {  // T*_n(x) = T_n(2x - 1)
     x = b.binary("subtract", b.binary("multiply", x, b.scalar_like(x, 2)), b.scalar_like(x, 1));
