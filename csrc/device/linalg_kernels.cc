@@ -108,16 +108,22 @@ Tensor& cholesky_inverse_out(const Tensor& factor, bool upper, Tensor& out) {
   return write_out("cholesky_inverse", cholesky_inverse_k(factor, upper), out);
 }
 
+// The right-hand side of a solve with the square (checked) matrix a: B a matrix of
+// a's dtype whose rows (left: A X = B) or columns (right: X A = B) match a.
+void check_rhs(const char* name, const char* a_label, const Tensor& a, const Tensor& rhs, bool left) {
+  TORCH_CHECK(rhs.dim() >= 2, name, ": The input tensor B must have at least 2 dimensions.");
+  TORCH_CHECK(a.scalar_type() == rhs.scalar_type(), name, ": Expected ", a_label, " and B to have the same dtype, but found ",
+              a_label, " of type ", a.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
+  int64_t n = a.size(-1);
+  TORCH_CHECK((left ? rhs.size(-2) : rhs.size(-1)) == n, name, ": Incompatible shapes of A and B for the equation ",
+              left ? "AX = B" : "XA = B", " (", a.size(-2), "x", a.size(-1), " and ", rhs.size(-2), "x", rhs.size(-1), ")");
+}
+
 // ---------------------------------------------------------------- triangular solves
 
 Tensor solve_triangular_k(const Tensor& a, const Tensor& rhs, bool upper, bool left, bool unitriangular) {
   check_matrix("linalg.solve_triangular", a);
-  TORCH_CHECK(rhs.dim() >= 2, "linalg.solve_triangular: The input tensor B must have at least 2 dimensions.");
-  TORCH_CHECK(a.scalar_type() == rhs.scalar_type(), "linalg.solve_triangular: Expected A and B to have the same dtype, but found A of type ",
-              a.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
-  int64_t n = a.size(-1);
-  TORCH_CHECK((left ? rhs.size(-2) : rhs.size(-1)) == n, "linalg.solve_triangular: Incompatible shapes of A and B for the equation ",
-              left ? "AX = B" : "XA = B", " (", a.size(-2), "x", a.size(-1), " and ", rhs.size(-2), "x", rhs.size(-1), ")");
+  check_rhs("linalg.solve_triangular", "A", a, rhs, left);
   auto [ae, be] = broadcast_batches(a, rhs);
   OpBuilder op("aten::linalg_solve_triangular");
   Value x = op.b().triangular_solve(op.input(ae), op.input(be), left, !upper, unitriangular, "NO_TRANSPOSE");
@@ -373,12 +379,8 @@ Value lu_solve_value(ir::Builder& b, Value lu, Value perm, Value rhs, bool left,
 
 Tensor lu_solve_k(const Tensor& lu, const Tensor& pivots, const Tensor& rhs, bool left, bool adjoint) {
   check_matrix("linalg.lu_solve", lu);
-  TORCH_CHECK(rhs.dim() >= 2, "linalg.lu_solve: The input tensor B must have at least 2 dimensions.");
-  TORCH_CHECK(lu.scalar_type() == rhs.scalar_type(), "linalg.lu_solve: Expected LU and B to have the same dtype, but found LU of type ",
-              lu.scalar_type(), " and B of type ", rhs.scalar_type(), " instead");
+  check_rhs("linalg.lu_solve", "LU", lu, rhs, left);
   int64_t n = lu.size(-1);
-  TORCH_CHECK((left ? rhs.size(-2) : rhs.size(-1)) == n, "linalg.lu_solve: Incompatible shapes of A and B for the equation ",
-              left ? "AX = B" : "XA = B", " (", n, "x", n, " and ", rhs.size(-2), "x", rhs.size(-1), ")");
   auto [le, be] = broadcast_batches(lu, rhs);
   std::vector<int64_t> pshape = vec(le.sizes());
   pshape.pop_back();
