@@ -239,16 +239,7 @@ at::Tensor polygamma_impl(int64_t n, const at::Tensor& self, const at::Tensor* i
   at::ScalarType out = float_result(self.scalar_type());
   auto& b = op.b();
   ir::DType acc = L::accumulate_type(to_ir(out));
-  Value x = b.convert(op.input(self), acc);
-  Value r = n == 0 ? b.unary("chlo.digamma", x) : b.binary("chlo.polygamma", b.scalar_like(x, static_cast<double>(n)), x);
-  if (n == 1) {
-    // XLA's trigamma is inaccurate for negative x: reflect, psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x).
-    Value one_minus = b.binary("subtract", b.scalar_like(x, 1), x);
-    Value sin_pi = b.unary("sine", b.binary("multiply", x, b.scalar_like(x, M_PI)));
-    Value reflected = b.binary("subtract", b.binary("divide", b.scalar_like(x, M_PI * M_PI), b.binary("multiply", sin_pi, sin_pi)),
-                               b.binary("chlo.polygamma", b.scalar_like(x, 1), one_minus));
-    r = b.select(b.compare(x, b.scalar_like(x, 0), "LT"), reflected, r);
-  }
+  Value r = L::polygamma(b, n, b.convert(op.input(self), acc));
   return finish(op, b.convert(r, to_ir(out)), out, into, op.suggested_layout(self.dim()));
 }
 at::Tensor polygamma_fn(int64_t n, const at::Tensor& s) { return polygamma_impl(n, s, nullptr); }
@@ -781,8 +772,9 @@ at::Tensor argmin_fn(const at::Tensor& s, std::optional<int64_t> d, bool k) { re
 at::Tensor var_std(const at::Tensor& self, at::OptionalIntArrayRef dims, const std::optional<at::Scalar>& correction,
                    bool keepdim, bool take_sqrt) {
   OpBuilder op(take_sqrt ? "aten::std" : "aten::var");
-  at::ScalarType out = self.scalar_type();
-  TORCH_CHECK(at::isFloatingType(out), "std and var only support floating point and complex dtypes");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+              "std and var only support floating point and complex dtypes");
+  at::ScalarType out = c10::toRealValueType(self.scalar_type());
   double corr = correction ? correction->toDouble() : 1.0;
   Value r = L::var(op.b(), op.input(self), reduce_dims(self, dims), corr, keepdim && self.dim() > 0, to_ir(out));
   if (take_sqrt) r = op.b().unary("sqrt", r);
@@ -797,9 +789,9 @@ at::Tensor std_fn(const at::Tensor& s, at::OptionalIntArrayRef d, const std::opt
 
 at::Tensor vector_norm_impl(const at::Tensor& self, const at::Scalar& ord, at::OptionalIntArrayRef dims, bool keepdim,
                             std::optional<at::ScalarType> dtype, const at::Tensor* into) {
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "linalg.vector_norm: Expected a floating point tensor as input. Got ",
-              self.scalar_type());
-  at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type());
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+              "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ", self.scalar_type());
+  at::ScalarType out = c10::toRealValueType(dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type()));
   double p = ord.toDouble();
   OpBuilder op("aten::linalg_vector_norm");
   Value r = L::vector_norm(op.b(), op.input(self), p, reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));

@@ -20,14 +20,17 @@ using ir::Value;
 namespace L = lowering;
 using Tensor = at::Tensor;
 
-void check_matrix(const char* name, const Tensor& a, bool square = true) {
+// half: float16/bfloat16 accepted too (ops CPU has for them).
+void check_matrix(const char* name, const Tensor& a, bool square = true, bool half = false) {
   TORCH_CHECK(a.dim() >= 2, name, ": The input tensor A must have at least 2 dimensions.");
   if (square) {
     TORCH_CHECK(a.size(-1) == a.size(-2), name, ": A must be batches of square matrices, but they are ", a.size(-2),
                 " by ", a.size(-1), " matrices");
   }
   at::ScalarType t = a.scalar_type();
-  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kComplexFloat || t == at::kComplexDouble, name,
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kComplexFloat || t == at::kComplexDouble ||
+                  (half && (t == at::kHalf || t == at::kBFloat16)),
+              name,
               ": Expected a floating point or complex tensor as input. Got ", t);
 }
 
@@ -485,9 +488,13 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> slogdet_out(const Tensor& a, Tens
 }
 
 Tensor matrix_exp_k(const Tensor& a) {
-  check_matrix("linalg.matrix_exp", a);
+  at::ScalarType t = a.scalar_type();
+  bool half = t == at::kHalf || t == at::kBFloat16;  // CPU has these too; computed in float32
+  check_matrix("linalg.matrix_exp", a, true, half);
   OpBuilder op("aten::linalg_matrix_exp");
-  return finish_all(op, {{L::matrix_exp(op.b(), op.input(a)), a.scalar_type()}})[0];
+  auto& b = op.b();
+  Value x = half ? b.convert(op.input(a), ir::DType::F32) : op.input(a);
+  return finish_all(op, {{b.convert(L::matrix_exp(b, x), to_ir(t)), t}})[0];
 }
 
 // Least squares, per LAPACK driver as CPU: gels and gelsy by QR (gelsy's rank

@@ -429,17 +429,19 @@ at::Tensor& nansum_out(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, s
 
 std::tuple<at::Tensor, at::Tensor> moments(const char* name, const at::Tensor& self, at::OptionalIntArrayRef dims,
                                            const std::optional<at::Scalar>& correction, bool keepdim, bool take_sqrt) {
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), name, ": only supports floating point dtypes, got ", self.scalar_type());
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()), name,
+              ": only supports floating point and complex dtypes, got ", self.scalar_type());
   OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   Value x = op.input(self);
   auto d = reduction_dims(self, dims);
   bool kd = keepdim && self.dim() > 0;
   DType dt = to_ir(self.scalar_type());
-  Value v = L::var(b, x, d, correction ? correction->toDouble() : 1.0, kd, dt);
+  at::ScalarType real = c10::toRealValueType(self.scalar_type());
+  Value v = L::var(b, x, d, correction ? correction->toDouble() : 1.0, kd, to_ir(real));
   if (take_sqrt) v = b.unary("sqrt", v);
   Value m = L::mean(b, x, d, kd, dt);
-  at::Tensor first = op.output(v, self.scalar_type());
+  at::Tensor first = op.output(v, real);
   at::Tensor second = op.output(m, self.scalar_type());
   op.run();
   return {first, second};
@@ -775,22 +777,25 @@ at::Tensor renorm_impl(const at::Tensor& self, const at::Scalar& p, int64_t dim,
                        const at::Tensor* into) {
   TORCH_CHECK(p.toDouble() > 0, "renorm: non-positive-norm not supported");
   TORCH_CHECK(maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ", maxnorm.toDouble());
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "renorm: expected a floating point input");
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+              "renorm: expected a floating point or complex input");
   int64_t d = at::maybe_wrap_dim(dim, self.dim());
   OpBuilder op("aten::renorm");
   auto& b = op.b();
   Value x = op.input(self);
   DType acc = L::accumulate_type(b.dtype(x));
+  DType real = ir::is_complex(acc) ? ir::component_type(acc) : acc;  // of the norms and factors
   std::vector<int64_t> others;
   for (int64_t i = 0; i < self.dim(); ++i) {
     if (i != d) others.push_back(i);
   }
   Value norm = others.empty() ? b.unary("abs", b.convert(x, acc))
-                              : b.broadcast_to(L::vector_norm(b, x, p.toDouble(), others, true, acc), b.dims(x));
-  Value mx = b.broadcast_to(op.scalar(maxnorm, to_aten(acc)), b.dims(x));
+                              : b.broadcast_to(L::vector_norm(b, x, p.toDouble(), others, true, real), b.dims(x));
+  Value mx = b.broadcast_to(op.scalar(maxnorm, to_aten(real)), b.dims(x));
   Value factor = b.select(b.compare(norm, mx, "GT"), b.binary("divide", mx, b.binary("add", norm, b.scalar_like(norm, 1e-7))),
                           b.scalar_like(norm, 1));
-  return finish(op, b.convert(b.binary("multiply", b.convert(x, acc), factor), b.dtype(x)), self.scalar_type(), into);
+  Value r = b.binary("multiply", b.convert(x, acc), b.convert(factor, acc));
+  return finish(op, b.convert(r, b.dtype(x)), self.scalar_type(), into);
 }
 at::Tensor renorm_fn(const at::Tensor& s, const at::Scalar& p, int64_t d, const at::Scalar& m) {
   return renorm_impl(s, p, d, m, nullptr);

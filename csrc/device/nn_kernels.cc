@@ -828,8 +828,8 @@ at::Tensor scan_fn(const char* name, const at::Tensor& self, int64_t dim, std::o
                                             ? at::kLong
                                             : self.scalar_type()));
   if (kind == "logsumexp") {
-    TORCH_CHECK(at::isFloatingType(self.scalar_type()), "logcumsumexp: expected a floating point input, got ",
-                self.scalar_type());
+    TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
+                "logcumsumexp: expected a floating point or complex input, got ", self.scalar_type());
   }
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   OpBuilder op(std::string("aten::") + name);

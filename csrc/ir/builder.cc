@@ -480,6 +480,9 @@ Value Builder::gather(Value operand, Value indices, const std::vector<int64_t>& 
                       const std::vector<int64_t>& collapsed, const std::vector<int64_t>& start_map,
                       int64_t index_vector_dim, const std::vector<int64_t>& slice_sizes,
                       const std::vector<int64_t>& result_dims) {
+  // Nothing to read: XLA refuses a size-1 slice of a zero-size dim, even when no index uses it.
+  if (Type{dtype(operand), result_dims}.numel() == 0 || type(operand).numel() == 0)
+    return constant(dtype(operand), 0, result_dims);
   std::vector<std::string> parts;
   if (!offset_dims.empty()) parts.push_back("offset_dims = " + int_list(offset_dims));
   if (!collapsed.empty()) parts.push_back("collapsed_slice_dims = " + int_list(collapsed));
@@ -496,6 +499,7 @@ Value Builder::scatter(Value operand, Value indices, Value updates,
                        const std::vector<int64_t>& inserted_window_dims,
                        const std::vector<int64_t>& to_operand, int64_t index_vector_dim,
                        const std::string& combiner) {
+  if (type(updates).numel() == 0 || type(operand).numel() == 0) return operand;  // nothing written
   auto region = std::make_shared<Graph>();
   Builder rb(*region);
   Value old_v = region->param(Type{dtype(operand), {}});

@@ -185,6 +185,12 @@ std::vector<Value> lu_factor(Builder& b, Value a) {
   pdims.push_back(k);
   permdims.push_back(m);
   Value perm0 = b.iota(DType::S32, permdims, r - 2);
+  if (b.type(a).numel() == 0) {
+    // No elimination step (XLA refuses the loop's column slices of a zero-size dim):
+    // identity pivots, info 0.
+    Value piv = b.binary("add", b.iota(DType::S32, pdims, r - 2), b.constant_int(DType::S32, 1, pdims));
+    return {a, piv, perm0, b.constant_int(DType::S32, 0, batch)};
+  }
   Value piv0 = b.constant_int(DType::S32, 0, pdims);
   Value k0 = b.constant_int(DType::S64, 0);
   auto out = b.while_loop(

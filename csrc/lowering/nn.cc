@@ -674,6 +674,12 @@ Value cumulative(Builder& b, Value x, int64_t dim, const std::string& op) {
   auto w = scan_window(xd, dim);
   if (op == "sum") return b.reduce_window_simple(x, b.constant(dt, 0), w, "add");
   if (op == "prod") return b.reduce_window_simple(x, b.constant(dt, 1), w, "multiply");
+  if (op == "logsumexp" && ir::is_complex(dt)) {
+    auto body = [dt](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
+      return std::vector<Value>{binary(rb, "logaddexp", l[0], r[0], dt, dt)};  // torch's complex rule
+    };
+    return b.reduce_window({x}, {b.constant(dt, -INFINITY)}, w, body)[0];
+  }
   if (op == "logsumexp") {
     auto body = [](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
       Value hi = rb.binary("maximum", l[0], r[0]), lo = rb.binary("minimum", l[0], r[0]);

@@ -146,7 +146,12 @@ const std::map<std::string, UnaryFn>& unary_table() {
     simple("acosh", "chlo.acosh");
     simple("atanh", "chlo.atanh");
     simple("lgamma", "chlo.lgamma");
-    simple("digamma", "chlo.digamma");
+    t["digamma"] = [](Builder& b, Value x) {
+      // At +-0 torch gives -+inf (the pole's one-sided limits); CHLO gives NaN.
+      Value at_zero = b.compare(x, b.scalar_like(x, 0), "EQ");
+      Value inf = b.select(unary_table().at("signbit")(b, x), b.scalar_like(x, INFINITY), b.scalar_like(x, -INFINITY));
+      return b.select(at_zero, inf, b.unary("chlo.digamma", x));
+    };
     simple("erfinv", "chlo.erf_inv");
     simple("erfc", "chlo.erfc");
     simple("special_i1e", "chlo.bessel_i1e");
@@ -283,6 +288,20 @@ const std::map<std::string, BinaryFn>& binary_table() {
       return b.select(b.compare(y, y, "NE"), y, r);
     };
     t["logaddexp"] = [](Builder& b, Value x, Value y) {
+      if (ir::is_complex(b.dtype(x))) {
+        // torch's rule: ordered by real part, log1p(exp(lo - hi)) + hi; NaN anywhere in lo
+        // gives NaN; equal infinite real parts give lo (-inf) or log(exp(lo) + exp(hi)) (+inf).
+        Value lo = b.select(b.compare(b.real(y), b.real(x), "LT"), y, x);
+        Value hi = b.select(b.compare(b.real(y), b.real(x), "LT"), x, y);
+        Value r = b.binary("add", b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))), hi);
+        Value lr = b.real(lo), hr = b.real(hi);
+        Value both_inf = b.binary("and", b.unary("not", b.unary("is_finite", lr)), b.compare(lr, hr, "EQ"));
+        Value pos_inf = b.unary("log", b.binary("add", b.unary("exponential", lo), b.unary("exponential", hi)));
+        r = b.select(both_inf, b.select(b.compare(lr, b.scalar_like(lr, 0), "LT"), lo, pos_inf), r);
+        Value nan = b.binary("or", b.compare(lr, lr, "NE"), b.compare(b.imag(lo), b.imag(lo), "NE"));
+        Value nn = b.complex(b.scalar_like(lr, NAN), b.scalar_like(lr, NAN));
+        return b.select(nan, nn, r);
+      }
       Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
       Value r = b.binary("add", hi, b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))));
       // Equal infinities: the difference would be NaN.
@@ -308,13 +327,7 @@ const std::map<std::string, BinaryFn>& binary_table() {
       return b.select(neg, b.unary("negate", ax), ax);
     };
     t["nextafter"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.next_after", x, y); };
-    t["special_zeta"] = [](Builder& b, Value x, Value y) {
-      // Poles: torch (Cephes) gives +inf at non-positive integer q when x > 1; CHLO gives NaN.
-      Value pole = b.binary("and", b.binary("and", b.compare(y, b.scalar_like(y, 0), "LE"),
-                                            b.compare(y, b.unary("floor", y), "EQ")),
-                            b.compare(x, b.scalar_like(x, 1), "GT"));
-      return b.select(pole, b.scalar_like(x, INFINITY), b.binary("chlo.zeta", x, y));
-    };
+    t["special_zeta"] = [](Builder& b, Value x, Value y) { return hurwitz_zeta(b, x, y); };
     auto nan_ignoring = [&t](const std::string& name, const std::string& op) {
       t[name] = [op](Builder& b, Value x, Value y) {
         if (!ir::is_floating(b.dtype(x))) return b.binary(op, x, y);
@@ -398,11 +411,26 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     Value r = b.complex(b.binary("divide", re, safe), b.binary("divide", im, safe));
     return b.select(is_zero, b.scalar_like(x, 0), r);
   }
+  if (name == "asin" || name == "acos") {
+    // f(conj z) = conj f(z): CHLO's result for |im|, its imaginary part signed as im
+    // (CHLO loses the side of the branch cut a signed zero names).
+    // asin's imaginary part has im's sign, acos's the opposite one.
+    Value r = b.unary("chlo." + name, b.complex(re, b.unary("abs", im)));
+    Value mag = b.unary("abs", b.imag(r));
+    Value neg = unary_table().at("signbit")(b, im);
+    if (name == "acos") neg = b.unary("not", neg);
+    return b.complex(b.real(r), b.select(neg, b.unary("negate", mag), mag));
+  }
+  if (name == "atan") {
+    // atan(z) = -i atanh(i z).
+    Value w = b.unary("chlo.atanh", b.complex(b.unary("negate", im), re));
+    return b.complex(b.imag(w), b.unary("negate", b.real(w)));
+  }
   if (name == "isnan" || name == "isinf") return either(name);
   if (name == "isfinite") return b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));
   if (name == "isposinf" || name == "isneginf" || name == "sign" || name == "floor" || name == "ceil" ||
       name == "round" || name == "trunc" || name == "frac" || name == "relu" || name == "erf" || name == "signbit" ||
-      name == "asin" || name == "acos" || name == "atan" || name == "atan2") {
+      name == "atan2") {
     throw std::invalid_argument(name + " is not supported for complex inputs");
   }
   return std::nullopt;
@@ -967,7 +995,8 @@ Value vector_norm(Builder& b, Value x, double p, std::vector<int64_t> dims, bool
   auto in = b.dims(x);
   dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
   DType acc = acc_type(out);
-  Value a = b.unary("abs", b.convert(x, acc));
+  // Complex entries: their moduli (out is the real counterpart).
+  Value a = b.unary("abs", b.convert(x, ir::is_complex(b.dtype(x)) ? ir::complex_of(acc) : acc));
   Value r;
   if (std::isinf(p)) {
     r = amax(b, a, dims, false, p > 0);
@@ -988,13 +1017,87 @@ Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, boo
   auto in = b.dims(x);
   dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
   DType acc = acc_type(out);
-  Value xc = b.convert(x, acc);
-  Value m = mean(b, xc, dims, true, acc);
+  // Complex entries: the mean squared modulus of the deviations (out is real).
+  bool complex = ir::is_complex(b.dtype(x));
+  Value xc = b.convert(x, complex ? ir::complex_of(acc) : acc);
+  Value m = mean(b, xc, dims, true, b.dtype(xc));
   Value diff = b.binary("subtract", xc, expand_back(b, m, in));
-  Value ss = b.reduce_simple(b.binary("multiply", diff, diff), b.constant(acc, 0), dims, "add");
+  Value sq = complex ? b.binary("add", b.binary("multiply", b.real(diff), b.real(diff)),
+                                b.binary("multiply", b.imag(diff), b.imag(diff)))
+                     : b.binary("multiply", diff, diff);
+  Value ss = b.reduce_simple(sq, b.constant(acc, 0), dims, "add");
   double n = static_cast<double>(count(in, dims)) - correction;
   Value r = b.binary("divide", ss, b.scalar_like(ss, n > 0 ? n : 0.0));
   return b.convert(keep(b, r, in, dims, keepdim), out);
+}
+
+Value hurwitz_zeta(Builder& b, Value s, Value q) {
+  auto zeta = [&](Value qq) { return b.binary("chlo.zeta", s, qq); };
+  // CHLO sums 9 terms from q before its Euler-Maclaurin tail, which is only accurate for
+  // positive q. For negative q = floor(q) + g (0 < g < 1), the terms from q up to g are
+  // (-1)^s times those of zeta(s, 1 - g) less those of zeta(s, 1 - q), so
+  // zeta(s, q) = (-1)^s (zeta(s, 1 - g) - zeta(s, 1 - q)) + zeta(s, g)   (integer s; else NaN, as Cephes).
+  Value one = b.scalar_like(q, 1);
+  Value g = b.binary("subtract", q, b.unary("floor", q));
+  Value odd = b.compare(b.binary("remainder", s, b.scalar_like(s, 2)), b.scalar_like(s, 0), "NE");
+  Value tail = b.binary("subtract", zeta(b.binary("subtract", one, g)), zeta(b.binary("subtract", one, q)));
+  Value shifted = b.binary("add", b.select(odd, b.unary("negate", tail), tail), zeta(g));
+  Value negative = b.compare(q, b.scalar_like(q, 0), "LT");
+  Value integer_s = b.compare(s, b.unary("floor", s), "EQ");
+  Value r = b.select(negative, b.select(integer_s, shifted, b.scalar_like(q, NAN)), zeta(q));
+  // Poles: +inf at non-positive integer q (s > 1) and at s = 1; NaN for s < 1, as Cephes.
+  Value pole = b.binary("and", b.compare(q, b.scalar_like(q, 0), "LE"), b.compare(q, b.unary("floor", q), "EQ"));
+  r = b.select(pole, b.scalar_like(q, INFINITY), r);
+  r = b.select(b.compare(s, b.scalar_like(s, 1), "EQ"), b.scalar_like(q, INFINITY), r);
+  return b.select(b.compare(s, b.scalar_like(s, 1), "LT"), b.scalar_like(q, NAN), r);
+}
+
+Value polygamma(Builder& b, int64_t n, Value x) {
+  if (n == 0) return unary_table().at("digamma")(b, x);
+  Value one = b.scalar_like(x, 1);
+  Value one_minus = b.binary("subtract", one, x);
+  Value negative = b.compare(x, b.scalar_like(x, 0), "LT");
+  Value at_inf = b.compare(x, b.scalar_like(x, INFINITY), "EQ");
+  if (n == 1) {
+    // CHLO's trigamma is inaccurate for negative x: reflect as torch does in the input's
+    // precision, psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x).
+    Value sin_pi = b.unary("sine", b.binary("multiply", x, b.scalar_like(x, M_PI)));
+    Value reflected = b.binary("subtract", b.binary("divide", b.scalar_like(x, M_PI * M_PI), b.binary("multiply", sin_pi, sin_pi)),
+                               b.binary("chlo.polygamma", one, one_minus));
+    Value r = b.select(negative, reflected, b.binary("chlo.polygamma", one, x));
+    return b.select(at_inf, b.scalar_like(x, 0), r);
+  }
+  // Negative x: psi_n(x) = (-1)^n psi_n(1 - x) - pi^(n+1) cot^(n)(pi x). torch sums zeta's series
+  // in double there; in the input's precision only the reflection keeps its accuracy, with
+  // cot(pi x) = +-tan(pi (1/2 - |x - round(x)|)) from exactly reduced arguments and the n-th
+  // derivative of cot a polynomial in cot: P_0(c) = c, P_{k+1}(c) = -(1 + c^2) P_k'(c).
+  std::vector<double> poly{0, 1};
+  for (int64_t k = 0; k < n; ++k) {
+    std::vector<double> next(poly.size() + 1, 0.0);
+    for (size_t i = 1; i < poly.size(); ++i) {
+      double d = poly[i] * static_cast<double>(i);  // coefficient of c^(i-1) in P_k'
+      next[i - 1] -= d;
+      next[i + 1] -= d;
+    }
+    poly = std::move(next);
+  }
+  Value frac = b.binary("subtract", x, b.unary("round_nearest_even", x));
+  Value abs_frac = b.unary("abs", frac);
+  Value pi = b.scalar_like(x, M_PI);
+  // tan's argument stays within [0, pi/4], where it is well conditioned.
+  Value near_pole = b.compare(abs_frac, b.scalar_like(x, 0.25), "LT");
+  Value cot = b.select(near_pole, b.binary("divide", one, b.unary("tan", b.binary("multiply", abs_frac, pi))),
+                       b.unary("tan", b.binary("multiply", b.binary("subtract", b.scalar_like(x, 0.5), abs_frac), pi)));
+  cot = b.select(b.compare(frac, b.scalar_like(x, 0), "LT"), b.unary("negate", cot), cot);
+  Value p = b.scalar_like(x, poly.back());
+  for (size_t i = poly.size() - 1; i-- > 0;) p = b.binary("add", b.binary("multiply", p, cot), b.scalar_like(x, poly[i]));
+  Value at_one_minus = b.binary("chlo.polygamma", b.scalar_like(x, static_cast<double>(n)), one_minus);
+  if (n % 2) at_one_minus = b.unary("negate", at_one_minus);
+  Value reflected = b.binary("subtract", at_one_minus, b.binary("multiply", b.scalar_like(x, std::pow(M_PI, n + 1.0)), p));
+  Value r = b.select(negative, reflected, b.binary("chlo.polygamma", b.scalar_like(x, static_cast<double>(n)), x));
+  // Non-positive integers: +-inf, as torch's zeta.
+  Value pole = b.binary("and", b.compare(x, b.scalar_like(x, 0), "LE"), b.compare(x, b.unary("floor", x), "EQ"));
+  return b.select(pole, b.scalar_like(x, n % 2 ? INFINITY : -INFINITY), r);
 }
 
 Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out) {
@@ -1002,10 +1105,9 @@ Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DT
   dims = normalize_dims(dims, static_cast<int64_t>(in.size()));
   DType acc = acc_type(out);
   Value xc = b.convert(x, acc);
-  Value m = amax(b, xc, dims, true, true);
-  // Infinite maxima would give inf - inf; shift by zero there.
-  Value finite = b.unary("is_finite", m);
-  m = b.select(finite, m, b.scalar_like(m, 0));
+  // The shift: the largest (real part); infinite maxima would give inf - inf, so zero there.
+  Value m = amax(b, ir::is_complex(acc) ? b.real(xc) : xc, dims, true, true);
+  m = b.convert(b.select(b.unary("is_finite", m), m, b.scalar_like(m, 0)), acc);
   Value e = b.unary("exponential", b.binary("subtract", xc, expand_back(b, m, in)));
   Value s = b.reduce_simple(e, b.constant(acc, 0), dims, "add");
   Value r = b.binary("add", b.unary("log", s), b.reshape(m, b.dims(s)));

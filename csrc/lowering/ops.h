@@ -48,6 +48,11 @@ std::vector<Value> arg_reduce(Builder& b, Value x, int64_t dim, bool keepdim, bo
 // Vector p-norm over `dims` (empty = all): p in {inf, -inf, 0, 1, 2} or any p > 0.
 Value vector_norm(Builder& b, Value x, double p, std::vector<int64_t> dims, bool keepdim, DType out);
 Value var(Builder& b, Value x, std::vector<int64_t> dims, double correction, bool keepdim, DType out);
+// The Hurwitz zeta function zeta(s, q) = sum_k (q + k)^-s with Cephes' (torch's) domain:
+// negative non-integer q for integer s, +inf at poles, NaN for s < 1.
+Value hurwitz_zeta(Builder& b, Value s, Value q);
+// The n-th derivative of digamma, accurate for negative x (reflected), with torch's poles.
+Value polygamma(Builder& b, int64_t n, Value x);
 Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
 Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out);
 Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log, DType dtype);

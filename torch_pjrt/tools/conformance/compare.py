@@ -80,6 +80,41 @@ def assert_matches(actual: Any, expected: Any, device_type: str, *, values: bool
             raise Mismatch(f"{name}: type {type(a).__name__} vs cpu {type(e).__name__}")
 
 
+# Dtypes whose results may be judged against a float64 CPU run (their wider counterpart).
+WIDER: dict[torch.dtype, torch.dtype] = {torch.float32: torch.float64, torch.complex64: torch.complex128}
+
+
+def no_less_accurate_than_cpu(actual: Any, expected: Any, reference: Any) -> bool:
+    """Whether `actual` (pjrt) is as close to `reference` (the CPU in float64) as `expected`
+    (the CPU in float32) is, up to the float32 tolerance, wherever it differs from `expected`:
+    per element |actual - reference| <= |expected - reference| + atol + rtol * |reference|.
+    Other leaves (integers, booleans, non-tensors) must equal `expected`'s."""
+    a_leaves, a_spec = tree_flatten(actual)
+    e_leaves, e_spec = tree_flatten(expected)
+    r_leaves, r_spec = tree_flatten(reference)
+    if not (a_spec == e_spec == r_spec):
+        return False
+    for a, e, r in zip(a_leaves, e_leaves, r_leaves):
+        if not isinstance(e, torch.Tensor):
+            continue  # assert_matches judged these
+        if not isinstance(a, torch.Tensor) or not isinstance(r, torch.Tensor) or not (a.shape == e.shape == r.shape):
+            return False
+        a, e = a.detach().cpu(), e.detach()
+        if e.dtype not in WIDER:
+            if not torch.equal(a, e):
+                return False
+            continue
+        tol = tolerance(e.dtype)
+        wide = WIDER[e.dtype]
+        a64, e64, r64 = a.to(wide), e.to(wide), r.detach().to(wide)
+        close = torch.isclose(a, e, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+        bound = (e64 - r64).abs() + tol.atol + tol.rtol * r64.abs()
+        accurate = torch.isfinite(r64) & ((a64 - r64).abs() <= bound)
+        if not bool((close | accurate).all()):
+            return False
+    return True
+
+
 # Ops whose index outputs are not unique when the input has equal elements: there, any
 # index of an equal element is right (unless stable=True is asked for). Name -> (position
 # of `dim` among the positional arguments after the input, position of the indices output).

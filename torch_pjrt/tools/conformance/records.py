@@ -15,6 +15,10 @@ FAIL = "fail"  # ran, but values, shapes, dtypes or structure differ from the CP
 ERROR = "error"  # raised on pjrt while the CPU reference ran
 SKIP = "skip"  # not applicable: the CPU reference itself raised, or nothing to differentiate
 
+# The message of a float32 (complex64) pass that differs from the CPU's float32 result beyond
+# the tolerance but is at least as close to the CPU's float64 result; the mismatch follows it.
+PASS_BY_FLOAT64 = "as close to the CPU's float64 result as the CPU's float32 result is"
+
 
 @dataclass
 class SampleResult:

@@ -92,6 +92,12 @@ PROPERTIES_ONLY_PATTERNS: tuple[str, ...] = (
     "new_empty_strided",
 )
 
+# Positional args (of the SampleInput's args) that torch requires on the CPU on every device
+# (TORCH_CHECK(is_cpu())); OpInfo makes them there, so the device runs get them there too.
+HOST_ARGS: dict[str, tuple[int, ...]] = {
+    "tensor_split": (0,),  # tensor_indices_or_sections
+}
+
 # Ops whose CPU comparison torch's own test suite skips (TestCommon.test_compare_cpu), with
 # torch's reason. Their values are still compared here; the report shows the reason next to
 # a failure, since some samples have no defined result.
