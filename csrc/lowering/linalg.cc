@@ -438,6 +438,19 @@ std::vector<Value> svd(Builder& b, Value a, bool full_matrices) {
     U = complete(U, m);
     V = complete(V, n);
   }
+  // The zero matrix: identity bases, as LAPACK gives (any orthonormal pair is its SVD;
+  // the nuclear norm's subgradient there, U Vh, is read from them).
+  Value zero_entry = b.compare(b.unary("abs", a), b.scalar_like(b.unary("abs", a), 0), "EQ");
+  Value all_zero = b.reduce_simple(zero_entry, b.constant_int(DType::Pred, 1), {r - 2, r - 1}, "and");
+  std::vector<int64_t> bmap;
+  for (int64_t i = 0; i < r - 2; ++i) bmap.push_back(i);
+  auto identity_if_zero = [&](Value basis) {
+    const auto& bd = b.dims(basis);
+    Value ident = b.convert(b.compare(b.iota(DType::S64, bd, r - 2), b.iota(DType::S64, bd, r - 1), "EQ"), b.dtype(basis));
+    return b.select(b.broadcast_in_dim(all_zero, bd, bmap), ident, basis);
+  };
+  U = identity_if_zero(U);
+  V = identity_if_zero(V);
   return {U, s, matrix_transpose(b, V, true)};
 }
 

@@ -103,6 +103,11 @@ def test_small_entry_points(dev: torch.device) -> None:
     assert_close(torch.ops.aten._add_relu(t.to(dev), u.to(dev)), torch.ops.aten._add_relu(t, u))
     assert_close(torch.logcumsumexp(t.to(dev), 1), torch.logcumsumexp(t, 1))
     assert_close(torch.mvlgamma(t.abs().to(dev) + 2, 3), torch.mvlgamma(t.abs() + 2, 3))
+    # Outside the domain CPU checks nothing either: log|Gamma| terms, inf at the poles.
+    outside = torch.tensor([0.1, -0.5, 3.0, -1.0, 0.7])
+    assert_close(torch.mvlgamma(outside.to(dev), 3), torch.mvlgamma(outside, 3))
+    with pytest.raises(RuntimeError, match="may not be a boolean tensor"):
+        torch.mvlgamma(torch.tensor([True]).to(dev), 1)
     with pytest.warns(UserWarning):
         assert_close(torch.range(0, 5, 0.5, device=dev), torch.range(0, 5, 0.5))
     i8, j8 = torch.randint(-8, 8, (17, 32), dtype=torch.int8), torch.randint(-8, 8, (32, 8), dtype=torch.int8)

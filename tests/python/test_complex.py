@@ -269,3 +269,44 @@ def test_bad_input_names_the_op(dev: torch.device) -> None:
         torch.view_as_complex(x.view(2, 2)[:, :1].contiguous())
     with pytest.raises(RuntimeError):
         torch.fft.irfft(x, n=0)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_reductions_with_real_results(dev: torch.device, dtype: torch.dtype) -> None:
+    torch.manual_seed(8)
+    x = crandn(4, 6, dtype=dtype)
+    xd = x.to(dev)
+    tol = _tol(dtype, 32)
+    cases = [
+        lambda t: torch.var(t, 1), lambda t: torch.std(t), lambda t: torch.var(t, 0, correction=0),
+        lambda t: torch.var_mean(t, 1), lambda t: torch.std_mean(t, 0),
+        lambda t: torch.linalg.vector_norm(t), lambda t: torch.linalg.vector_norm(t, 1, dim=1),
+        lambda t: torch.linalg.vector_norm(t, 3, dim=0), lambda t: torch.linalg.vector_norm(t, float("inf")),
+        lambda t: torch.linalg.norm(t), lambda t: torch.nn.functional.normalize(t, dim=1),
+        lambda t: torch.renorm(t, 2, 0, 1.0),
+        lambda t: torch.logsumexp(t, 1), lambda t: torch.logcumsumexp(t, 1),
+    ]
+    for i, fn in enumerate(cases):
+        out, ref = fn(xd), fn(x)
+        for o, r in zip(out if isinstance(out, tuple) else (out,), ref if isinstance(ref, tuple) else (ref,)):
+            assert o.dtype == r.dtype, i
+            assert_close(o, r, **tol)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_inverse_trig_and_logaddexp(dev: torch.device, dtype: torch.dtype) -> None:
+    torch.manual_seed(9)
+    z = crandn(64, dtype=dtype) * 3
+    # The branch cuts (|re| > 1 on the real axis, |im| > 1 on the imaginary one), on both sides.
+    cuts = [complex(2, 0.0), complex(2, -0.0), complex(-2, 0.0), complex(-2, -0.0), complex(0.0, 3), complex(-0.0, -3),
+            complex(0.5, 0.0), 0j]
+    z = torch.cat([z, torch.tensor(cuts, dtype=dtype)])
+    ref_dtype = torch.complex128
+    for fn in (torch.asin, torch.acos, torch.atan):
+        # A few ulps of the result's size, from the float64 result.
+        ref = fn(z.to(ref_dtype))
+        assert_close(fn(z.to(dev)).to(ref_dtype), ref, **_tol(dtype, 16)), fn.__name__
+    w = crandn(64, dtype=dtype) * 3
+    edge = torch.tensor([complex(float("-inf"), 1), complex(float("inf"), 0), complex(float("nan"), 0)], dtype=dtype)
+    a, b = torch.cat([z[:64], edge]), torch.cat([w, edge])
+    assert_close(torch.logaddexp(a.to(dev), b.to(dev)), torch.logaddexp(a, b), equal_nan=True, **_tol(dtype, 16))

@@ -120,3 +120,42 @@ def test_status_rules() -> None:
     assert run(("forward", PASS, ["aten::x"])) == summary.FALLS_BACK
     assert run(("forward", ERROR, []), ("forward", FAIL, [])) == summary.FAILS
     assert run() == summary.NOT_RUN
+
+
+def test_float64_judgement() -> None:
+    import torch
+
+    from torch_pjrt.tools.conformance.compare import no_less_accurate_than_cpu
+
+    reference = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    cpu = torch.tensor([1.0, 2.001, 3.0])  # CPU float32 off by 1e-3 at one element
+    assert no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.0]), cpu, reference)  # closer than the CPU
+    assert no_less_accurate_than_cpu(torch.tensor([1.0, 1.999, 3.0]), cpu, reference)  # as far, other side
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.003, 3.0]), cpu, reference)  # farther
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.001]), cpu, reference)  # off where CPU is exact
+    # Integer leaves must still equal the CPU's; structure must match.
+    ints = torch.tensor([1, 2])
+    assert not no_less_accurate_than_cpu((cpu, ints + 1), (cpu, ints), (reference, ints))
+    assert not no_less_accurate_than_cpu([cpu], (cpu,), (reference,))
+    # A NaN where float64 has a number is never more accurate.
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, float("nan"), 3.0]), cpu, reference)
+
+
+def test_float64_passes_are_counted() -> None:
+    from torch_pjrt.tools.conformance.records import PASS_BY_FLOAT64, OpInfoMeta, OpRun
+
+    r = OpRun(meta=OpInfoMeta(op="x", dtypes_run=["float32"]))
+    r.results = [SampleResult("x", "float32", "forward", 0, PASS, ""),
+                 SampleResult("x", "float32", "forward", 1, PASS, f"{PASS_BY_FLOAT64}: output differs"),
+                 SampleResult("x", "float32", "forward", 2, FAIL, "output differs")]
+    s = summary.summarize(r)
+    assert [p.index for p in s.problems] == [1, 2]  # the judged pass is listed with its mismatch
+    rate = summary.pass_rate([s], "forward")
+    assert (rate["passed"], rate["total"], rate["judged_by_float64"]) == (2, 3, 1)
+
+
+def test_cpu_only_args_stay_on_the_cpu() -> None:
+    # tensor_split's tensor of split points must be a CPU tensor (torch checks it on every device).
+    outcome = harness.run(["tensor_split"], dtypes=["float32"], jobs=1)
+    s = outcome.summaries[0]
+    assert s.counts_float32["forward"].errors == 0 and s.counts_float32["forward"].passed > 0, _problems(s, "forward")

@@ -26,7 +26,12 @@ def arange(*shape: int) -> torch.Tensor:
     lambda t, d: t(0)[torch.tensor([], dtype=torch.bool, device=d)],
     lambda t, d: t(5, 3)[[]],
     lambda t, d: t(2, 0, 4)[torch.tensor([1, 0], device=d)],
-], ids=["list-zero-dim", "tensor-zero-dim", "zero-size-second-dim", "empty-bool", "empty-list", "zero-size-inner"])
+    lambda t, d: torch.index_select(t(0, 3), 0, torch.tensor([], dtype=torch.long, device=d)),
+    lambda t, d: torch.index_select(t(0, 3), 1, torch.tensor([2, 0], device=d)),
+    lambda t, d: torch.gather(t(3, 0), 1, torch.zeros(3, 0, dtype=torch.long, device=d)),
+    lambda t, d: torch.zeros(0, 3, device=d).scatter_add(0, torch.zeros(0, 3, dtype=torch.long, device=d), t(0, 3)),
+], ids=["list-zero-dim", "tensor-zero-dim", "zero-size-second-dim", "empty-bool", "empty-list", "zero-size-inner",
+        "index-select-empty", "index-select-zero-rows", "gather-empty", "scatter-empty"])
 def test_empty_indexing(dev: torch.device, case) -> None:
     ref = case(lambda *s: arange(*s), torch.device("cpu"))
     out = case(lambda *s: arange(*s).to(dev), dev)

@@ -250,6 +250,17 @@ def test_matrix_exp(dev: torch.device, scale: float) -> None:
     torch.linalg.matrix_exp(x).sum().backward()
     torch.linalg.matrix_exp(xd).sum().backward()
     assert_close(xd.grad, x.grad.float(), rtol=tol, atol=tol * x.grad.abs().max().item())
+    # Half precision: computed in float32 and rounded once more.
+    for dtype in (torch.float16, torch.bfloat16):
+        half = a.to(dtype)
+        exact = torch.linalg.matrix_exp(half.double())
+        out = torch.linalg.matrix_exp(half.to(dev))
+        assert out.dtype == dtype
+        eps_half = torch.finfo(dtype).eps
+        finite = exact.abs() < torch.finfo(dtype).max / 2  # beyond, float16 overflows as on the CPU
+        scale = exact[finite].abs().max().item()
+        assert_close(out.double().cpu()[finite].to(dev), exact[finite], rtol=tol + eps_half, atol=(tol + eps_half) * scale)
+        assert torch.isinf(out.cpu()[exact.abs() > 2 * torch.finfo(dtype).max]).all()
 
 
 @pytest.mark.parametrize("driver", ["gels", "gelsy", "gelsd", "gelss"])
@@ -272,3 +283,27 @@ def test_lstsq(dev: torch.device, driver: str, shape: tuple) -> None:
     vec = torch.linalg.lstsq(a, rhs[..., 0], driver=driver).solution
     assert_close(torch.linalg.lstsq(to_dev(a, dev), to_dev(rhs[..., 0], dev), driver=driver).solution, vec.float(),
                  **_tol(vec.abs().max().item()))
+
+
+@pytest.mark.parametrize("shape", [(0, 0), (3, 0, 0), (0, 3, 3), (2, 0, 4, 4)])
+def test_zero_size_matrices(dev: torch.device, shape: tuple) -> None:
+    # Empty matrices and empty batches: the results CPU gives (det 1 of 0 x 0), no compile error.
+    a = well_conditioned(*shape[:-2], n=shape[-1]).float() if shape[-1] else torch.randn(shape)
+    ad = a.to(dev)
+    lu, piv = torch.linalg.lu_factor(a)
+    lud, pivd = torch.linalg.lu_factor(ad)
+    assert_close(lud, lu, **_tol())
+    assert_close(pivd, piv)
+    for fn in (torch.linalg.inv, torch.linalg.det, torch.logdet, lambda t: torch.linalg.matrix_power(t, -2),
+               lambda t: torch.linalg.slogdet(t)[1], lambda t: torch.linalg.inv_ex(t)[1], lambda t: torch.linalg.lu(t)[2]):
+        assert_close(fn(ad), fn(a), **_tol())
+    for k in (0, 2):
+        b = torch.randn(*shape[:-1], k)
+        assert_close(torch.linalg.solve(ad, b.to(dev)), torch.linalg.solve(a, b), **_tol())
+        for adjoint in (False, True):
+            assert_close(torch.linalg.lu_solve(lud, pivd, b.to(dev), adjoint=adjoint),
+                         torch.linalg.lu_solve(lu, piv, b), **_tol())
+    x, xd = a.clone().requires_grad_(), ad.clone().requires_grad_()
+    torch.linalg.det(x).sum().backward()
+    torch.linalg.det(xd).sum().backward()
+    assert_close(xd.grad, x.grad, **_tol())

@@ -136,3 +136,45 @@ def test_bessel_functions(dev: torch.device, name: str) -> None:
     out = fn(x.to(dev))
     # torch's own float64 kernels err by up to ~1e-6 (near x = 5): compare at float32 tolerances.
     assert_close(out, ref.float(), rtol=1e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 3, 4, 6])
+def test_polygamma_across_poles(dev: torch.device, n: int) -> None:
+    # Negative x between the poles (where XLA's series is inaccurate), values near
+    # half-integers (where the reflection's two terms nearly cancel), large |x|, and the poles.
+    from torch_pjrt.tools.conformance.compare import no_less_accurate_than_cpu
+
+    torch.manual_seed(6)
+    x = torch.cat([torch.rand(4000) * 18 - 9, torch.rand(500) * 1e3 - 1e3,
+                   torch.tensor([-2.5, -0.4996054, -8.4783735, -1e-3, 0.3, 50.0, 1e4, 0.0, -0.0, -3.0,
+                                 float("inf"), float("-inf"), float("nan")])])
+    out = torch.polygamma(n, x.to(dev)).cpu()
+    cpu = torch.polygamma(n, x)
+    # torch's float32 kernels are themselves inexact here (n = 1 reflects in float32, the others
+    # sum zeta's series): at least as close to the float64 result as CPU float32 is, within
+    # float32 tolerances, and the same infinities and NaNs.
+    assert no_less_accurate_than_cpu(out, cpu, torch.polygamma(n, x.double()))
+    special = ~torch.isfinite(cpu)
+    assert torch.equal(out[special].nan_to_num(), cpu[special].nan_to_num())
+
+
+def test_hurwitz_zeta_negative_q_and_poles(dev: torch.device) -> None:
+    from torch_pjrt.tools.conformance.compare import no_less_accurate_than_cpu
+
+    torch.manual_seed(7)
+    q = torch.cat([torch.rand(300) * 40 - 20, torch.tensor([-2.0, 0.0, -0.5, 0.5, 3.0, float("-inf")])])
+    for s_value in (2.0, 3.0, 4.0, 5.0, 4.5, 1.0, 0.5):
+        s = torch.full_like(q, s_value)
+        out = torch.special.zeta(s.to(dev), q.to(dev)).cpu()
+        cpu = torch.special.zeta(s, q)
+        assert no_less_accurate_than_cpu(out, cpu, torch.special.zeta(s.double(), q.double())), s_value
+        special = ~torch.isfinite(cpu)
+        assert torch.equal(out[special].nan_to_num(), cpu[special].nan_to_num()), s_value
+
+
+def test_digamma_poles(dev: torch.device) -> None:
+    x = torch.tensor([0.0, -0.0, -1.0, -2.0, float("inf"), float("-inf"), 1.0, -0.5])
+    out = torch.digamma(x.to(dev))
+    ref = torch.digamma(x)
+    assert torch.equal(out[:6].cpu().nan_to_num(), ref[:6].nan_to_num())  # -inf at +0, +inf at -0, NaN, ...
+    assert_close(out[6:], ref[6:])

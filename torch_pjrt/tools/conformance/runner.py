@@ -105,18 +105,30 @@ def _copier(device: torch.device, grad: bool) -> Callable[[Any], Any]:
 
 
 def _widener(grad: bool) -> Callable[[Any], Any]:
-    """Leaf mapper: tensors -> detached CPU copies, float32 (complex64) widened to float64
-    (complex128), requires_grad kept when `grad`."""
+    """Leaf mapper: tensors -> CPU copies with float32 (complex64) widened to float64
+    (complex128). Without `grad` the copy keeps the tensor's whole layout (its storage,
+    strides and offset: ops such as as_strided read them); with it, a leaf that keeps
+    requires_grad."""
 
     def copy(x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            y = x.detach().to(WIDER.get(x.dtype, x.dtype), copy=True)
-            if grad and x.requires_grad:
-                y.requires_grad_(True)
-            return y
-        return x
+        if not isinstance(x, torch.Tensor):
+            return x
+        wide = WIDER.get(x.dtype, x.dtype)
+        if grad:
+            return x.detach().to(wide, copy=True).requires_grad_(x.requires_grad)
+        x = x.detach()
+        elements = x.untyped_storage().nbytes() // x.element_size()
+        storage = torch.empty(0, dtype=x.dtype).set_(x.untyped_storage(), 0, (elements,), (1,))
+        return storage.to(wide).as_strided(x.size(), x.stride(), x.storage_offset())
 
     return copy
+
+
+def _noncontiguous_like(x: Any) -> Any:
+    """Leaf mapper: tensors -> torch's noncontiguous_like (same values, every other element)."""
+    from torch.testing._internal.common_utils import noncontiguous_like
+
+    return noncontiguous_like(x) if isinstance(x, torch.Tensor) else x
 
 
 def _widens(sample: Any) -> bool:
@@ -301,8 +313,8 @@ class OpRunner:
             self._begin(dtype, "out", index)
             self._out(sample, dtype, index, _detach(expected))
 
-    def _compare_on_device(self, sample: Any, cpu_sample: tuple, dev_sample: tuple,
-                           expected: Any) -> tuple[Any, str, str, list[str], float]:
+    def _compare_on_device(self, sample: Any, cpu_sample: tuple, dev_sample: tuple, expected: Any,
+                           noncontiguous: bool = False) -> tuple[Any, str, str, list[str], float]:
         """Runs the op on the device inputs and compares with the CPU result:
         (actual or None, outcome, message, ops that fell back, seconds)."""
         op = self.op
@@ -323,24 +335,25 @@ class OpRunner:
             outcome, msg = FAIL, str(exc)
             if tied_indices_equivalent(op.name, *cpu_sample, actual, expected):
                 outcome, msg = PASS, ""
-            elif self._as_accurate(sample, process(actual), process(expected), processed=True):
+            elif self._as_accurate(sample, process(actual), process(expected), noncontiguous):
                 outcome, msg = PASS, f"{PASS_BY_FLOAT64}: {msg}"
         except Exception as exc:
             fallbacks = fallbacks or _new_fallbacks(before)
             outcome, msg = ERROR, _error_message(exc)
         return actual, outcome, msg, fallbacks, time.perf_counter() - t0
 
-    def _as_accurate(self, sample: Any, actual: Any, expected: Any, processed: bool) -> bool:
+    def _as_accurate(self, sample: Any, actual: Any, expected: Any, noncontiguous: bool = False) -> bool:
         """Whether a float32 result that missed the CPU's float32 one is at least as close to
-        the op's result on float64 copies of the inputs (on the CPU)."""
+        the op's result on float64 copies of the sample's inputs (made non-contiguous as in
+        that phase when `noncontiguous`); all three through the sample's output processing."""
         if not self.values or not _widens(sample):
             return False
         try:
             with torch.no_grad():
                 inp, args, kwargs = _map_sample(sample, _widener(grad=False))
-                reference = self.op(inp, *args, **kwargs)
-                if processed:
-                    reference = sample.output_process_fn_grad(reference)
+                if noncontiguous:
+                    inp, args, kwargs = _map_sample(_Sample(inp, args, kwargs), _noncontiguous_like)
+                reference = sample.output_process_fn_grad(self.op(inp, *args, **kwargs))
             return no_less_accurate_than_cpu(actual, expected, reference)
         except Exception:
             return False  # no float64 run to judge by: the mismatch stands
@@ -411,11 +424,8 @@ class OpRunner:
         op = self.op
         try:
             cpu_in, cpu_args, cpu_kwargs = _map_sample(sample, _copier(torch.device("cpu"), grad=False))
-            from torch.testing._internal.common_utils import noncontiguous_like
-
-            nc = lambda x: noncontiguous_like(x) if isinstance(x, torch.Tensor) else x  # noqa: E731
             with torch.no_grad():
-                cpu_in, cpu_args, cpu_kwargs = (_map_sample(_Sample(cpu_in, cpu_args, cpu_kwargs), nc))
+                cpu_in, cpu_args, cpu_kwargs = _map_sample(_Sample(cpu_in, cpu_args, cpu_kwargs), _noncontiguous_like)
             expected = op(cpu_in, *cpu_args, **cpu_kwargs)
         except Exception as exc:
             self._result(dtype, "noncontiguous", index, SKIP, f"CPU reference raised {_error_message(exc)}")
@@ -423,7 +433,7 @@ class OpRunner:
         dev_in, dev_args, dev_kwargs = _map_sample(_Sample(cpu_in, cpu_args, cpu_kwargs), _noncontig_on(self.device),
                                                    self._host_args)
         _, outcome, msg, fallbacks, seconds = self._compare_on_device(
-            sample, (cpu_in, cpu_args, cpu_kwargs), (dev_in, dev_args, dev_kwargs), expected)
+            sample, (cpu_in, cpu_args, cpu_kwargs), (dev_in, dev_args, dev_kwargs), expected, noncontiguous=True)
         self._result(dtype, "noncontiguous", index, outcome, msg, fallbacks, seconds)
 
     def _out(self, sample: Any, dtype: str, index: int, expected: Any) -> None:
@@ -440,20 +450,23 @@ class OpRunner:
             return
         dev_in, dev_args, dev_kwargs = _map_sample(sample, _copier(self.device, grad=False), self._host_args)
         dev_out = _out_like(expected, self.device)
+        # Through the sample's output processing, as forward: it makes results torch defines
+        # only up to a choice (eigenvector and singular-vector signs) comparable.
+        process = sample.output_process_fn_grad
         before = _fallback_counts()
         t0 = time.perf_counter()
         fallbacks: list[str] = []
         try:
             op(dev_in, *dev_args, out=dev_out, **dev_kwargs)
             fallbacks = _new_fallbacks(before)
-            assert_matches(dev_out, cpu_out, self.device.type, values=self.values, what="out")
+            assert_matches(process(dev_out), process(cpu_out), self.device.type, values=self.values, what="out")
             _sync()
             outcome, msg = PASS, ""
         except Mismatch as exc:
             outcome, msg = FAIL, str(exc)
             if tied_indices_equivalent(op.name, cpu_in, cpu_args, cpu_kwargs, dev_out, cpu_out):
                 outcome, msg = PASS, ""
-            elif self._as_accurate(sample, dev_out, cpu_out, processed=False):
+            elif self._as_accurate(sample, process(dev_out), process(cpu_out)):
                 outcome, msg = PASS, f"{PASS_BY_FLOAT64}: {msg}"
         except Exception as exc:
             fallbacks = fallbacks or _new_fallbacks(before)
