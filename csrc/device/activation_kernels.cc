@@ -201,6 +201,12 @@ std::tuple<at::Tensor, at::Tensor> log_sigmoid_forward_fn(const at::Tensor& self
   });
   return {out, at::empty({0}, self.options())};  // no buffer is needed
 }
+std::tuple<at::Tensor&, at::Tensor&> log_sigmoid_forward_out(const at::Tensor& self, at::Tensor& output,
+                                                             at::Tensor& buffer) {
+  write_out("log_sigmoid_forward", std::get<0>(log_sigmoid_forward_fn(self)), output);
+  buffer.resize_({0});  // as the functional kernel: the backward reads no buffer
+  return {output, buffer};
+}
 at::Tensor log_sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor&) {
   return pointwise("log_sigmoid_backward", {grad, self}, nullptr, [](const Pointwise& p) {
     return p.bin("multiply", p.in[0], p.b.unary("logistic", p.b.unary("negate", p.in[1])));
@@ -296,6 +302,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("elu_backward", elu_backward_fn);
   m.impl("leaky_relu_backward", leaky_relu_backward_fn);
   m.impl("log_sigmoid_forward", log_sigmoid_forward_fn);
+  m.impl("log_sigmoid_forward.output", log_sigmoid_forward_out);
   m.impl("log_sigmoid_backward", log_sigmoid_backward_fn);
   m.impl("logit_backward", logit_backward_fn);
   m.impl("glu", glu_fn);

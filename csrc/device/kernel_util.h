@@ -50,6 +50,14 @@ inline at::Tensor& write_out(const char* op, const at::Tensor& result, at::Tenso
   return out;
 }
 
+// A tuple out= variant's results, each written to its out as write_out does.
+inline void write_outs(const char* op, std::initializer_list<at::Tensor> results,
+                       std::initializer_list<std::reference_wrapper<at::Tensor>> outs) {
+  TORCH_CHECK(results.size() == outs.size(), op, ": ", results.size(), " results for ", outs.size(), " outs");
+  auto result = results.begin();
+  for (at::Tensor& out : outs) write_out(op, *result++, out);
+}
+
 // Integer/bool inputs produce the default float dtype (torch's "int to float" ops).
 inline at::ScalarType float_result(at::ScalarType t) {
   return at::isIntegralType(t, /*includeBool=*/true) ? c10::typeMetaToScalarType(c10::get_default_dtype()) : t;

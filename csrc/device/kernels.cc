@@ -1595,6 +1595,9 @@ at::Tensor bernoulli_tensor(const at::Tensor& p, std::optional<at::Generator> ge
   op.set_rng_state(r[0]);
   return finish(op, b.compare(r[1], pv, "LT"), p.scalar_type(), nullptr, op.suggested_layout(p.dim()));
 }
+at::Tensor& bernoulli_out(const at::Tensor& p, std::optional<at::Generator> gen, at::Tensor& out) {
+  return write_out("bernoulli", bernoulli_tensor(p, std::move(gen)), out);
+}
 
 std::tuple<at::Tensor, at::Tensor> native_dropout_fn(const at::Tensor& input, double p, std::optional<bool> train) {
   OpBuilder op("aten::native_dropout");
@@ -1966,6 +1969,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("normal_", normal_fn);
   m.impl("bernoulli_.float", bernoulli_float);
   m.impl("bernoulli", bernoulli_tensor);
+  m.impl("bernoulli.out", bernoulli_out);
   m.impl("native_dropout", native_dropout_fn);
   m.impl("native_dropout_backward", native_dropout_backward_fn);
   m.impl("random_.from", random_from_to);

@@ -316,6 +316,10 @@ at::Tensor index_reduce_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, 
                            bool inc) {
   return index_reduce_impl(s, d, i, src, r, inc, nullptr);
 }
+at::Tensor& index_reduce_out(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r,
+                             bool inc, at::Tensor& out) {
+  return write_out("index_reduce", index_reduce_fn(s, d, i, src, r, inc), out);
+}
 at::Tensor& index_reduce_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r,
                                  bool inc) {
   index_reduce_impl(s, d, i, src, r, inc, &s);
@@ -968,6 +972,15 @@ at::Tensor normal_tf(const at::Tensor& m, double s, std::optional<at::Generator>
 at::Tensor normal_ft(double m, const at::Tensor& s, std::optional<at::Generator> g) {
   return normal_tensors(at::scalar_tensor(m, s.options().device(at::kCPU)), s, g);
 }
+at::Tensor& normal_tt_out(const at::Tensor& m, const at::Tensor& s, std::optional<at::Generator> g, at::Tensor& out) {
+  return write_out("normal", normal_tt(m, s, std::move(g)), out);
+}
+at::Tensor& normal_tf_out(const at::Tensor& m, double s, std::optional<at::Generator> g, at::Tensor& out) {
+  return write_out("normal", normal_tf(m, s, std::move(g)), out);
+}
+at::Tensor& normal_ft_out(double m, const at::Tensor& s, std::optional<at::Generator> g, at::Tensor& out) {
+  return write_out("normal", normal_ft(m, s, std::move(g)), out);
+}
 
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
@@ -1055,6 +1068,13 @@ at::Tensor histc_fn(const at::Tensor& self, int64_t bins, const at::Scalar& min,
   Value ones = b.convert(inside, DType::F64);
   Value hist = L::scatter(b, b.constant(DType::F64, 0, {bins}), 0, bin, ones, "add");
   return finish(op, b.convert(hist, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+}
+at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max, at::Tensor& out) {
+  return write_out("histc", histc_fn(self, bins, min, max), out);
+}
+at::Tensor& multinomial_out(const at::Tensor& self, int64_t n, bool replacement, std::optional<at::Generator> gen,
+                            at::Tensor& out) {
+  return write_out("multinomial", multinomial_fn(self, n, replacement, std::move(gen)), out);
 }
 
 // ---------------------------------------------------------------- embedding_bag
@@ -1288,6 +1308,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("scatter_.value_reduce", scatter_reduce_value_inplace);
   m.impl("index_reduce", index_reduce_fn);
   m.impl("index_reduce_", index_reduce_inplace);
+  m.impl("index_reduce.out", index_reduce_out);
   m.impl("rsub.Tensor", rsub_fn);
   m.impl("rsub.Scalar", rsub_scalar_fn);
   m.impl("equal", equal_fn);
@@ -1303,6 +1324,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("normal.Tensor_Tensor", normal_tt);
   m.impl("normal.Tensor_float", normal_tf);
   m.impl("normal.float_Tensor", normal_ft);
+  m.impl("normal.Tensor_Tensor_out", normal_tt_out);
+  m.impl("normal.Tensor_float_out", normal_tf_out);
+  m.impl("normal.float_Tensor_out", normal_ft_out);
   m.impl("eye.out", eye_n_out);
   m.impl("eye.m_out", eye_out);
   m.impl("linspace.out", linspace_out);
@@ -1314,7 +1338,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("cauchy_", cauchy_fn);
   m.impl("randperm.generator_out", randperm_out);
   m.impl("multinomial", multinomial_fn);
+  m.impl("multinomial.out", multinomial_out);
   m.impl("histc", histc_fn);
+  m.impl("histc.out", histc_out);
 
   m.impl("_embedding_bag", embedding_bag_fn);
   m.impl("_embedding_bag_forward_only", embedding_bag_fn);

@@ -498,6 +498,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_stats_fn(
     bool training, double momentum, double eps) {
   return batch_norm_impl(input, weight, bias, std::nullopt, std::nullopt, training, momentum, eps);
 }
+// out= variants: the functional kernels' results written to the outs.
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> batch_norm_outs(const char* name,
+                                                                  std::tuple<at::Tensor, at::Tensor, at::Tensor> r,
+                                                                  at::Tensor& out, at::Tensor& mean, at::Tensor& invstd) {
+  write_outs(name, {std::get<0>(r), std::get<1>(r), std::get<2>(r)}, {out, mean, invstd});
+  return {out, mean, invstd};
+}
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> native_batch_norm_out(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    const std::optional<at::Tensor>& running_mean, const std::optional<at::Tensor>& running_var, bool training,
+    double momentum, double eps, at::Tensor& out, at::Tensor& mean, at::Tensor& invstd) {
+  return batch_norm_outs("native_batch_norm",
+                         native_batch_norm_fn(input, weight, bias, running_mean, running_var, training, momentum, eps),
+                         out, mean, invstd);
+}
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> batch_norm_legit_out(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    at::Tensor& running_mean, at::Tensor& running_var, bool training, double momentum, double eps, at::Tensor& out,
+    at::Tensor& mean, at::Tensor& invstd) {
+  return batch_norm_outs("_native_batch_norm_legit",
+                         batch_norm_legit_fn(input, weight, bias, running_mean, running_var, training, momentum, eps),
+                         out, mean, invstd);
+}
+std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> batch_norm_legit_no_stats_out(
+    const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
+    bool training, double momentum, double eps, at::Tensor& out, at::Tensor& mean, at::Tensor& invstd) {
+  return batch_norm_outs("_native_batch_norm_legit",
+                         batch_norm_legit_no_stats_fn(input, weight, bias, training, momentum, eps), out, mean, invstd);
+}
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_legit_no_training_fn(
     const at::Tensor& input, const std::optional<at::Tensor>& weight, const std::optional<at::Tensor>& bias,
     const at::Tensor& running_mean, const at::Tensor& running_var, double momentum, double eps) {
@@ -1215,6 +1244,81 @@ at::Tensor multi_margin_backward_fn(const at::Tensor& grad, const at::Tensor& se
   return finish(op, b.convert(r, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
 }
 
+// multilabel_margin_loss on [N, C] (or [C]) scores and per-row target lists (class indices
+// up to the first -1): per row, the sum over listed targets j and non-target classes i of
+// max(0, 1 - x[y_j] + x[i]), divided by C. Terms are [N, j, i]; a duplicate target counts twice, as on CPU.
+struct MultilabelTerms {
+  Value active;     // [N, C, C]: j listed, i not a target, hinge > 0
+  Value hinge;      // [N, C, C]: 1 - x[y_j] + x[i]
+  Value picks;      // [N, C, C]: j listed and y_j == k (k the last dim)
+  Value is_target;  // [N, C]
+};
+MultilabelTerms multilabel_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor& target) {
+  TORCH_CHECK(self.dim() <= 2 && (self.dim() == 0 || self.size(-1) > 0),
+              "multilabel_margin_loss: expected a non-empty vector or matrix, got ", self.sizes());
+  TORCH_CHECK(target.sizes() == self.sizes(), "multilabel_margin_loss: inconsistent target size: ", target.sizes(),
+              " for input of size: ", self.sizes());
+  auto& b = op.b();
+  ir::DType dt = L::accumulate_type(to_ir(self.scalar_type()));
+  int64_t c = self.dim() == 0 ? 1 : self.size(-1), n = self.dim() == 2 ? self.size(0) : 1;
+  std::vector<int64_t> sq{n, c, c};
+  Value x = b.reshape(b.convert(op.input(self), dt), {n, c});
+  Value y = b.reshape(b.convert(op.input(target), ir::DType::S64), {n, c});
+  // Listed: the positions before the first negative entry (a running product of y >= 0).
+  Value nonneg = b.convert(b.compare(y, b.scalar_like(y, 0), "GE"), ir::DType::S64);
+  Value listed = b.compare(L::cumulative(b, nonneg, 1, "prod"), b.scalar_like(y, 0), "NE");
+  Value beyond = b.binary("and", listed, b.compare(y, b.scalar_like(y, static_cast<double>(c)), "GE"));
+  op.check_flag(L::any_all(b, b.reshape(beyond, {n * c}), {}, false, false), "argument #2 'target' is out of range");
+  Value picks = b.binary("and", b.compare(b.broadcast_in_dim(y, sq, {0, 1}), b.iota(ir::DType::S64, sq, 2), "EQ"),
+                         b.broadcast_in_dim(listed, sq, {0, 1}));
+  Value is_target = b.reduce_simple(picks, b.constant_int(ir::DType::Pred, 0), {1}, "or");
+  Value xy = b.reduce_simple(b.select(picks, b.broadcast_in_dim(x, sq, {0, 2}), b.constant(dt, 0, sq)), b.constant(dt, 0),
+                             {2}, "add");  // [N, j]
+  Value hinge = b.binary("add", b.binary("subtract", b.constant(dt, 1, sq), b.broadcast_in_dim(xy, sq, {0, 1})),
+                         b.broadcast_in_dim(x, sq, {0, 2}));
+  Value active = b.binary("and", b.binary("and", b.broadcast_in_dim(listed, sq, {0, 1}),
+                                          b.unary("not", b.broadcast_in_dim(is_target, sq, {0, 2}))),
+                          b.compare(hinge, b.constant(dt, 0, sq), "GT"));
+  return {active, hinge, picks, is_target};
+}
+
+std::tuple<at::Tensor, at::Tensor> multilabel_margin_forward_fn(const at::Tensor& self, const at::Tensor& target,
+                                                                int64_t reduction) {
+  OpBuilder op("aten::multilabel_margin_loss_forward");
+  auto& b = op.b();
+  auto t = multilabel_terms(op, self, target);
+  ir::DType dt = b.dtype(t.hinge);
+  double c = static_cast<double>(b.dims(t.hinge)[2]);
+  Value per_row = b.reduce_simple(b.select(t.active, t.hinge, b.scalar_like(t.hinge, 0)), b.constant(dt, 0), {1, 2}, "add");
+  Value loss = b.binary("divide", per_row, b.scalar_like(per_row, c));
+  if (self.dim() < 2 && reduction == 0) loss = b.reshape(loss, {});
+  at::ScalarType st = self.scalar_type();
+  at::Tensor out = op.output(b.convert(L::reduce_loss(b, loss, reduction), to_ir(st)), st);
+  at::Tensor is_target = op.output(b.reshape(b.convert(t.is_target, to_ir(st)), vec(self.sizes())), st);
+  op.run();
+  return {out, is_target};
+}
+
+at::Tensor multilabel_margin_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& target,
+                                         int64_t reduction, const at::Tensor& /*is_target: recomputed*/) {
+  OpBuilder op("aten::multilabel_margin_loss_backward");
+  auto& b = op.b();
+  auto t = multilabel_terms(op, self, target);
+  ir::DType dt = b.dtype(t.hinge);
+  auto sq = b.dims(t.hinge);
+  std::vector<int64_t> nc{sq[0], sq[1]};
+  Value unit = b.select(t.active, b.scalar_like(t.hinge, 1.0 / static_cast<double>(sq[2])), b.scalar_like(t.hinge, 0));
+  Value gi = b.reduce_simple(unit, b.constant(dt, 0), {1}, "add");                      // +d/dx[i], [N, C]
+  Value gy = b.reduce_simple(unit, b.constant(dt, 0), {2}, "add");                      // -d/dx[y_j], [N, j]
+  Value to_classes = b.select(t.picks, b.broadcast_in_dim(gy, sq, {0, 1}), b.scalar_like(t.hinge, 0));
+  Value g = b.binary("subtract", gi, b.reduce_simple(to_classes, b.constant(dt, 0), {1}, "add"));
+  Value up = b.convert(op.input(grad), dt);
+  up = reduction == 0 ? b.broadcast_in_dim(b.reshape(up, {nc[0]}), nc, {0})
+                      : b.broadcast_in_dim(L::loss_grad_scale(b, up, {nc[0]}, reduction), nc, {0});
+  Value r = b.reshape(b.binary("multiply", g, up), vec(self.sizes()));
+  return finish(op, b.convert(r, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+}
+
 // rrelu: random negative slopes in [lower, upper) while training (recorded in `noise`), their mean otherwise.
 at::Tensor rrelu_with_noise_fn(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
                                const at::Scalar& upper, bool training, std::optional<at::Generator> gen) {
@@ -1654,6 +1758,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("native_batch_norm", native_batch_norm_fn);
   m.impl("_native_batch_norm_legit", batch_norm_legit_fn);
   m.impl("_native_batch_norm_legit.no_stats", batch_norm_legit_no_stats_fn);
+  m.impl("native_batch_norm.out", native_batch_norm_out);
+  m.impl("_native_batch_norm_legit.out", batch_norm_legit_out);
+  m.impl("_native_batch_norm_legit.no_stats_out", batch_norm_legit_no_stats_out);
   m.impl("_native_batch_norm_legit_no_training", batch_norm_legit_no_training_fn);
   m.impl("native_batch_norm_backward", native_batch_norm_backward_fn);
   m.impl("_batch_norm_with_update", batch_norm_with_update_fn);
@@ -1720,6 +1827,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nll_loss2d_forward", nll_loss2d_fn);
   m.impl("multi_margin_loss", multi_margin_fn);
   m.impl("multi_margin_loss_backward", multi_margin_backward_fn);
+  m.impl("multilabel_margin_loss_forward", multilabel_margin_forward_fn);
+  m.impl("multilabel_margin_loss_backward", multilabel_margin_backward_fn);
   m.impl("rrelu_with_noise", rrelu_with_noise_fn);
   m.impl("rrelu_with_noise_backward", rrelu_with_noise_backward_fn);
   m.impl("nll_loss2d_backward", nll_loss2d_backward_fn);
