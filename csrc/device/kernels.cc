@@ -1854,14 +1854,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   });
   m.impl("max.dim_max", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
     auto [v, i] = max_dim(s, d, k);
-    write_out("max", v, values);
-    write_out("max", i, indices);
+    write_outs("max", {v, i}, {values, indices});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
   });
   m.impl("min.dim_min", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
     auto [v, i] = min_dim(s, d, k);
-    write_out("min", v, values);
-    write_out("min", i, indices);
+    write_outs("min", {v, i}, {values, indices});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
   });
   m.impl("argmin", argmin_fn);

@@ -150,8 +150,7 @@ std::tuple<Tensor, Tensor> triangular_solve_k(const Tensor& self, const Tensor& 
 std::tuple<Tensor&, Tensor&> triangular_solve_out(const Tensor& self, const Tensor& a, bool upper, bool transpose,
                                                   bool unitriangular, Tensor& x, Tensor& m) {
   auto [xs, ms] = triangular_solve_k(self, a, upper, transpose, unitriangular);
-  write_out("triangular_solve", xs, x);
-  write_out("triangular_solve", ms, m);
+  write_outs("triangular_solve", {xs, ms}, {x, m});
   return {x, m};
 }
 
@@ -193,8 +192,7 @@ std::tuple<Tensor, Tensor> qr_k(const Tensor& a, c10::string_view mode) {
 }
 std::tuple<Tensor&, Tensor&> qr_out(const Tensor& a, c10::string_view mode, Tensor& q, Tensor& r) {
   auto [qs, rs] = qr_k(a, mode);
-  write_out("linalg.qr", qs, q);
-  write_out("linalg.qr", rs, r);
+  write_outs("linalg.qr", {qs, rs}, {q, r});
   return {q, r};
 }
 
@@ -207,8 +205,7 @@ std::tuple<Tensor, Tensor> geqrf_k(const Tensor& a) {
 }
 std::tuple<Tensor&, Tensor&> geqrf_out(const Tensor& a, Tensor& ra, Tensor& tau) {
   auto [x, t] = geqrf_k(a);
-  write_out("geqrf", x, ra);
-  write_out("geqrf", t, tau);
+  write_outs("geqrf", {x, t}, {ra, tau});
   return {ra, tau};
 }
 
@@ -297,9 +294,7 @@ std::tuple<Tensor, Tensor, Tensor> lu_factor_ex_k(const Tensor& a, bool pivot, b
 std::tuple<Tensor&, Tensor&, Tensor&> lu_factor_ex_out(const Tensor& a, bool pivot, bool check_errors, Tensor& lu,
                                                         Tensor& piv, Tensor& info) {
   auto [l, p, i] = lu_factor_ex_k(a, pivot, check_errors);
-  write_out("linalg.lu_factor_ex", l, lu);
-  write_out("linalg.lu_factor_ex", p, piv);
-  write_out("linalg.lu_factor_ex", i, info);
+  write_outs("linalg.lu_factor_ex", {l, p, i}, {lu, piv, info});
   return {lu, piv, info};
 }
 
@@ -334,9 +329,7 @@ std::tuple<Tensor, Tensor, Tensor> linalg_lu_k(const Tensor& a, bool pivot) {
 }
 std::tuple<Tensor&, Tensor&, Tensor&> linalg_lu_out(const Tensor& a, bool pivot, Tensor& p, Tensor& l, Tensor& u) {
   auto [ps, ls, us] = linalg_lu_k(a, pivot);
-  write_out("linalg.lu", ps, p);
-  write_out("linalg.lu", ls, l);
-  write_out("linalg.lu", us, u);
+  write_outs("linalg.lu", {ps, ls, us}, {p, l, u});
   return {p, l, u};
 }
 
@@ -365,9 +358,7 @@ std::tuple<Tensor, Tensor, Tensor> lu_unpack_k(const Tensor& lu, const Tensor& p
 std::tuple<Tensor&, Tensor&, Tensor&> lu_unpack_out(const Tensor& lu, const Tensor& pivots, bool unpack_data,
                                                      bool unpack_pivots, Tensor& p, Tensor& l, Tensor& u) {
   auto [ps, ls, us] = lu_unpack_k(lu, pivots, unpack_data, unpack_pivots);
-  write_out("lu_unpack", ps, p);
-  write_out("lu_unpack", ls, l);
-  write_out("lu_unpack", us, u);
+  write_outs("lu_unpack", {ps, ls, us}, {p, l, u});
   return {p, l, u};
 }
 
@@ -426,10 +417,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> solve_ex_k(const Tensor& a, const Ten
 std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> solve_ex_out(const Tensor& a, const Tensor& rhs, bool left, bool check_errors,
                                                             Tensor& result, Tensor& lu, Tensor& piv, Tensor& info) {
   auto [x, l, p, i] = solve_ex_k(a, rhs, left, check_errors);
-  write_out("linalg.solve_ex", x, result);
-  write_out("linalg.solve_ex", l, lu);
-  write_out("linalg.solve_ex", p, piv);
-  write_out("linalg.solve_ex", i, info);
+  write_outs("linalg.solve_ex", {x, l, p, i}, {result, lu, piv, info});
   return {result, lu, piv, info};
 }
 
@@ -446,8 +434,7 @@ std::tuple<Tensor, Tensor> inv_ex_k(const Tensor& a, bool check_errors) {
 }
 std::tuple<Tensor&, Tensor&> inv_ex_out(const Tensor& a, bool check_errors, Tensor& inverse, Tensor& info) {
   auto [x, i] = inv_ex_k(a, check_errors);
-  write_out("linalg.inv_ex", x, inverse);
-  write_out("linalg.inv_ex", i, info);
+  write_outs("linalg.inv_ex", {x, i}, {inverse, info});
   return {inverse, info};
 }
 
@@ -461,9 +448,7 @@ std::tuple<Tensor, Tensor, Tensor> det_k(const Tensor& a) {
 }
 std::tuple<Tensor&, Tensor&, Tensor&> det_out(const Tensor& a, Tensor& result, Tensor& lu, Tensor& piv) {
   auto [d, l, p] = det_k(a);
-  write_out("linalg.det", d, result);
-  write_out("linalg.det", l, lu);
-  write_out("linalg.det", p, piv);
+  write_outs("linalg.det", {d, l, p}, {result, lu, piv});
   return {result, lu, piv};
 }
 
@@ -480,10 +465,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> slogdet_k(const Tensor& a) {
 std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> slogdet_out(const Tensor& a, Tensor& sign, Tensor& logabs, Tensor& lu,
                                                            Tensor& piv) {
   auto [s, l, f, p] = slogdet_k(a);
-  write_out("linalg.slogdet", s, sign);
-  write_out("linalg.slogdet", l, logabs);
-  write_out("linalg.slogdet", f, lu);
-  write_out("linalg.slogdet", p, piv);
+  write_outs("linalg.slogdet", {s, l, f, p}, {sign, logabs, lu, piv});
   return {sign, logabs, lu, piv};
 }
 
@@ -560,10 +542,7 @@ std::tuple<Tensor&, Tensor&, Tensor&, Tensor&> lstsq_out(const Tensor& a, const 
                                                          std::optional<c10::string_view> driver, Tensor& solution,
                                                          Tensor& residuals, Tensor& rank, Tensor& singular_values) {
   auto [x, r, k, s] = lstsq_k(a, b, rcond, driver);
-  write_out("linalg.lstsq", x, solution);
-  write_out("linalg.lstsq", r, residuals);
-  write_out("linalg.lstsq", k, rank);
-  write_out("linalg.lstsq", s, singular_values);
+  write_outs("linalg.lstsq", {x, r, k, s}, {solution, residuals, rank, singular_values});
   return {solution, residuals, rank, singular_values};
 }
 
@@ -587,9 +566,7 @@ std::tuple<Tensor, Tensor, Tensor> svd_k(const Tensor& a, bool full_matrices, bo
 std::tuple<Tensor&, Tensor&, Tensor&> svd_out(const Tensor& a, bool full_matrices, bool compute_uv,
                                               std::optional<c10::string_view> driver, Tensor& u, Tensor& s, Tensor& vh) {
   auto [us, ss, vs] = svd_k(a, full_matrices, compute_uv, driver);
-  write_out("linalg.svd", us, u);
-  write_out("linalg.svd", ss, s);
-  write_out("linalg.svd", vs, vh);
+  write_outs("linalg.svd", {us, ss, vs}, {u, s, vh});
   return {u, s, vh};
 }
 

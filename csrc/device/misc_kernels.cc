@@ -1270,8 +1270,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("aminmax", aminmax_fn);
   m.impl("aminmax.out", [](const at::Tensor& s, std::optional<int64_t> d, bool k, at::Tensor& lo, at::Tensor& hi) {
     auto [mn, mx] = aminmax_fn(s, d, k);
-    write_out("aminmax", mn, lo);
-    write_out("aminmax", mx, hi);
+    write_outs("aminmax", {mn, mx}, {lo, hi});
     return std::tuple<at::Tensor&, at::Tensor&>(lo, hi);
   });
   m.impl("count_nonzero.dim_IntList", count_nonzero_fn);

@@ -1611,15 +1611,13 @@ std::tuple<at::Tensor, at::Tensor> fractional_max_pool3d_fn(const at::Tensor& s,
 std::tuple<at::Tensor&, at::Tensor&> fractional_max_pool2d_out(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
                                                                const at::Tensor& u, at::Tensor& out, at::Tensor& idx) {
   auto [v, i] = fractional_max_pool2d_fn(s, k, o, u);
-  write_out("fractional_max_pool2d", v, out);
-  write_out("fractional_max_pool2d", i, idx);
+  write_outs("fractional_max_pool2d", {v, i}, {out, idx});
   return {out, idx};
 }
 std::tuple<at::Tensor&, at::Tensor&> fractional_max_pool3d_out(const at::Tensor& s, c10::IntArrayRef k, c10::IntArrayRef o,
                                                                const at::Tensor& u, at::Tensor& out, at::Tensor& idx) {
   auto [v, i] = fractional_max_pool3d_fn(s, k, o, u);
-  write_out("fractional_max_pool3d", v, out);
-  write_out("fractional_max_pool3d", i, idx);
+  write_outs("fractional_max_pool3d", {v, i}, {out, idx});
   return {out, idx};
 }
 // The gradient goes to each window's maximum, as max pooling's does.
@@ -1806,8 +1804,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("kthvalue.values", [](const at::Tensor& s, int64_t k, int64_t d, bool keep, at::Tensor& values,
                                at::Tensor& indices) {
     auto [v, i] = kthvalue_fn(s, k, d, keep);
-    write_out("kthvalue", v, values);
-    write_out("kthvalue", i, indices);
+    write_outs("kthvalue", {v, i}, {values, indices});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
   });
   m.impl("median", median_all_fn);

@@ -169,8 +169,7 @@ std::tuple<Tensor, Tensor> frexp_fn(const Tensor& self) {
 }
 std::tuple<Tensor&, Tensor&> frexp_out(const Tensor& self, Tensor& mantissa, Tensor& exponent) {
   auto [m, e] = frexp_fn(self);
-  write_out("frexp", m, mantissa);
-  write_out("frexp", e, exponent);
+  write_outs("frexp", {m, e}, {mantissa, exponent});
   return {mantissa, exponent};
 }
 
