@@ -4,13 +4,11 @@
 // lowerings, or a short composition of native kernels. Without these the
 // calls land on the CPU fallback.
 #include <ATen/WrapDimUtils.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include <cmath>
 
 #include "device/context.h"
-#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 #include "lowering/ops.h"
@@ -411,35 +409,7 @@ void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momen
   op.run();
 }
 
-// ---------------------------------------------------------------- unique_consecutive, repeat_interleave
-
-std::tuple<Tensor, Tensor, Tensor> unique_consecutive_k(const Tensor& self, bool return_inverse, bool return_counts,
-                                                        std::optional<int64_t> dim) {
-  if (dim.has_value() && self.dim() > 1) {
-    // Along a dim (rows compared whole): the CPU kernel, counted as a fallback.
-    static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::unique_consecutive", "");
-    torch::jit::Stack stack{self, return_inverse, return_counts, dim};
-    run_on_cpu(handle, &stack);
-    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
-  }
-  // Flat (or 1-d along its only dim): consecutive runs.
-  int64_t n = self.numel();
-  Tensor flat = self.reshape({n});
-  Tensor empty_long = at::empty({0}, self.options().dtype(at::kLong));
-  if (n == 0) return {self.reshape({0}), return_inverse ? at::empty(self.sizes(), empty_long.options()) : empty_long, empty_long};
-  Tensor is_new = at::ones({n}, self.options().dtype(at::kBool));
-  if (n > 1) is_new.slice(0, 1, n).copy_(flat.slice(0, 1, n).ne(flat.slice(0, 0, n - 1)));
-  Tensor group = at::cumsum(is_new, 0) - 1;
-  Tensor starts = at::nonzero(is_new).reshape({-1});  // one host read (the run count)
-  Tensor values = flat.index_select(0, starts);
-  Tensor inverse = return_inverse ? group.reshape(self.sizes()) : empty_long;
-  Tensor counts = empty_long;
-  if (return_counts) {
-    Tensor ends = at::cat({starts.slice(0, 1, starts.size(0)), at::full({1}, n, starts.options())});
-    counts = ends - starts;
-  }
-  return {values, inverse, counts};
-}
+// ---------------------------------------------------------------- repeat_interleave
 
 Tensor repeat_interleave_k(const Tensor& repeats, std::optional<int64_t> output_size) {
   TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");
@@ -727,7 +697,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_fused_adam_", fused_adam);
   m.impl("_fused_adamw_", fused_adamw);
   m.impl("_fused_sgd_", fused_sgd);
-  m.impl("unique_consecutive", unique_consecutive_k);
   m.impl("repeat_interleave.Tensor", repeat_interleave_k);
 }
 

@@ -3,9 +3,11 @@
 // small data movers CPU has and the device lacked (narrow_copy, bincount,
 // nonzero_static, histc.out).
 #include <ATen/WrapDimUtils.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 #include "lowering/ops.h"
@@ -306,6 +308,19 @@ std::tuple<Tensor, Tensor, Tensor> unique_flat(const char* name, const Tensor& s
   return {out[0], inverse, counts};
 }
 
+std::tuple<Tensor, Tensor, Tensor> unique_consecutive_k(const Tensor& self, bool return_inverse, bool return_counts,
+                                                        std::optional<int64_t> dim) {
+  if (dim.has_value() && self.dim() > 1) {
+    // Along a dim (rows compared whole): the CPU kernel, counted as a fallback.
+    static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::unique_consecutive", "");
+    torch::jit::Stack stack{self, return_inverse, return_counts, dim};
+    run_on_cpu(handle, &stack);
+    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+  }
+  // Flat (or 1-d along its only dim): consecutive runs, unsorted.
+  return unique_flat("unique_consecutive", self, false, return_inverse, return_counts);
+}
+
 std::tuple<Tensor, Tensor, Tensor> unique2_fn(const Tensor& self, bool sorted, bool return_inverse, bool return_counts) {
   // CPU sorts whether or not `sorted` is asked for.
   (void)sorted;
@@ -320,6 +335,7 @@ std::tuple<Tensor, Tensor> unique_fn(const Tensor& self, bool sorted, bool retur
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique2", unique2_fn);
+  m.impl("unique_consecutive", unique_consecutive_k);
   m.impl("_unique", unique_fn);
 #define REG_POLY(NAME, OP)                       \
   m.impl("special_" OP, NAME##_fn);              \
