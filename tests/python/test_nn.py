@@ -469,33 +469,3 @@ def test_multilabel_margin_loss(shape: tuple, reduction: str) -> None:
         F.multilabel_margin_loss(torch.randn(2, 3).to(DEV), torch.tensor([[5, -1, 0], [0, 1, 2]]).to(DEV))
         torch_pjrt.synchronize()
 
-
-def test_out_variants_run_natively() -> None:
-    torch.manual_seed(12)
-    x, w, bias = torch.randn(4, 3, 5), torch.rand(3) + 0.5, torch.randn(3)
-    with torch_pjrt.fallback_mode("error"):
-        outs = [torch.empty(0, device=DEV) for _ in range(3)]
-        torch.ops.aten.native_batch_norm.out(x.to(DEV), w.to(DEV), bias.to(DEV), None, None, True, 0.1, 1e-5,
-                                             out=outs[0], save_mean=outs[1], save_invstd=outs[2])
-        for o, r in zip(outs, torch.ops.aten.native_batch_norm(x, w, bias, None, None, True, 0.1, 1e-5)):
-            assert_close(o, r)
-        out = torch.empty(0, device=DEV)
-        torch._C._nn.log_sigmoid(x.to(DEV), out=out)
-        assert_close(out, F.logsigmoid(x))
-        out = torch.empty(0, device=DEV)
-        torch.histc(x.to(DEV), bins=7, min=-2, max=2, out=out)
-        assert_close(out, torch.histc(x, bins=7, min=-2, max=2))
-        index, src = torch.tensor([0, 2, 0]), torch.randn(4, 3, 5)
-        out = torch.empty(0, device=DEV)
-        torch.index_reduce(x.to(DEV), 1, index.to(DEV), src.to(DEV), "amax", out=out)
-        assert_close(out, torch.index_reduce(x, 1, index, src, "amax"))
-        # Random ones: shapes, dtypes and value ranges.
-        out = torch.empty(0, device=DEV)
-        torch.normal(torch.zeros(1000).to(DEV), torch.ones(1000).to(DEV), out=out)
-        assert out.shape == (1000,) and abs(out.cpu().mean().item()) < 0.2 and 0.8 < out.cpu().std().item() < 1.2
-        out = torch.empty(0, device=DEV)
-        torch.bernoulli(torch.full((1000,), 0.25).to(DEV), out=out)
-        assert set(out.cpu().unique().tolist()) <= {0.0, 1.0} and 0.15 < out.cpu().mean().item() < 0.35
-        out = torch.empty(0, dtype=torch.long, device=DEV)
-        torch.multinomial(torch.tensor([0.0, 1.0, 3.0]).to(DEV), 4, replacement=True, out=out)
-        assert out.shape == (4,) and set(out.cpu().tolist()) <= {1, 2}

@@ -52,6 +52,9 @@ CASES: dict[str, tuple[Callable[..., object], list[torch.Tensor], torch.dtype]] 
                      torch.float32),
     "avg_pool2d": (lambda x, out: torch._C._nn.avg_pool2d(x, 2, out=out), [_x(1, 2, 4, 4)], torch.float32),
     "avg_pool3d": (lambda x, out: torch._C._nn.avg_pool3d(x, 2, out=out), [_x(1, 1, 4, 4, 4)], torch.float32),
+    "histc": (lambda x, out: torch.histc(x, bins=5, min=-2, max=2, out=out), [_x(3, 4)], torch.float32),
+    "index_reduce": (lambda x, s, out: torch.index_reduce(x, 1, torch.tensor([0, 2, 0], device=x.device), s, "amax",
+                                                          out=out), [_x(2, 3), _x(2, 3, seed=2)], torch.float32),
 }
 
 
@@ -87,6 +90,29 @@ def test_paired_out_variants(dev: torch.device) -> None:
     assert_close(hi, x.aminmax(dim=0).max)
     assert_close(mv, x.min(0, keepdim=True).values)
     assert_close(mi, x.min(0, keepdim=True).indices)
+
+
+def test_batch_norm_log_sigmoid_and_random_out_variants(dev: torch.device) -> None:
+    x, w, bias = _x(4, 3, 5), torch.rand(3) + 0.5, _x(3, seed=3)
+    with torch_pjrt.fallback_mode("error"):
+        outs = [torch.empty(0, device=dev) for _ in range(3)]
+        torch.ops.aten.native_batch_norm.out(x.to(dev), w.to(dev), bias.to(dev), None, None, True, 0.1, 1e-5,
+                                             out=outs[0], save_mean=outs[1], save_invstd=outs[2])
+        for o, r in zip(outs, torch.ops.aten.native_batch_norm(x, w, bias, None, None, True, 0.1, 1e-5)):
+            assert_close(o, r)
+        out = torch.empty(0, device=dev)
+        torch._C._nn.log_sigmoid(x.to(dev), out=out)
+        assert_close(out, torch.nn.functional.logsigmoid(x))
+        # Random ones: shapes, dtypes and value ranges (a 1000-sample mean is within 0.2 of 0).
+        out = torch.empty(0, device=dev)
+        torch.normal(torch.zeros(1000).to(dev), torch.ones(1000).to(dev), out=out)
+        assert out.shape == (1000,) and abs(out.cpu().mean().item()) < 0.2 and 0.8 < out.cpu().std().item() < 1.2
+        out = torch.empty(0, device=dev)
+        torch.bernoulli(torch.full((1000,), 0.25).to(dev), out=out)
+        assert set(out.cpu().unique().tolist()) <= {0.0, 1.0} and 0.15 < out.cpu().mean().item() < 0.35
+        out = torch.empty(0, dtype=torch.long, device=dev)
+        torch.multinomial(torch.tensor([0.0, 1.0, 3.0]).to(dev), 4, replacement=True, out=out)
+        assert out.shape == (4,) and set(out.cpu().tolist()) <= {1, 2}
 
 
 def test_an_out_dtype_that_cannot_hold_the_result_is_refused(dev: torch.device) -> None:
