@@ -251,6 +251,151 @@ Tensor& nonzero_static_out(const Tensor& self, int64_t size, int64_t fill_value,
   return write_out("nonzero_static", nonzero_static_fn(self, size, fill_value), out);
 }
 
+// ---------------------------------------------------------------- histograms
+// torch.histogram / histogramdd as compositions of native kernels: a sample falls in
+// bin i when edges[i] <= x < edges[i + 1] (the last bin closed), outside all bins
+// it is dropped; the counts (or summed weights) are one index_add.
+
+void check_histogram_input(const char* name, const Tensor& self, const std::optional<Tensor>& weight) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), name, ": input tensor must be floating point, got ",
+              self.scalar_type());
+  if (weight && weight->defined()) {
+    TORCH_CHECK(weight->scalar_type() == self.scalar_type(), name, ": weight should have the same dtype as input");
+  }
+}
+
+// Counts of samples [N, D] over per-dimension edges: a tensor of shape (edges[d].numel() - 1)_d.
+Tensor histogram_counts(const Tensor& samples, const std::vector<Tensor>& edges, const std::optional<Tensor>& weight,
+                        bool density) {
+  int64_t n = samples.size(0), dims = static_cast<int64_t>(edges.size());
+  auto long_options = samples.options().dtype(at::kLong);
+  Tensor flat_index = at::zeros({n}, long_options);
+  Tensor inside = at::ones({n}, samples.options().dtype(at::kBool));
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < dims; ++d) {
+    const Tensor& e = edges[d];
+    int64_t bins = e.numel() - 1;
+    Tensor x = samples.select(1, d).contiguous();
+    Tensor last = e.select(0, bins);
+    Tensor pos = at::searchsorted(e, x, /*out_int32=*/false, /*right=*/true) - 1;
+    pos = at::where(x == last, at::scalar_tensor(bins - 1, long_options), pos);  // the last bin is closed
+    inside = inside & (x >= e.select(0, 0)) & (x <= last);
+    flat_index = flat_index * bins + pos.clamp(0, bins - 1);
+    shape.push_back(bins);
+  }
+  Tensor w = weight && weight->defined() ? weight->reshape({n}) : at::ones({n}, samples.options());
+  w = at::where(inside, w, at::zeros({}, samples.options()));
+  int64_t total = 1;
+  for (int64_t s : shape) total *= s;
+  Tensor hist = at::zeros({total}, samples.options()).index_add_(0, flat_index, w).reshape(shape);
+  if (density) {
+    // Divided by the total and by each bin's volume (the product of its widths).
+    Tensor volume = at::ones(shape, samples.options());
+    for (int64_t d = 0; d < dims; ++d) {
+      int64_t bins = shape[d];
+      Tensor width = edges[d].slice(0, 1, bins + 1) - edges[d].slice(0, 0, bins);
+      std::vector<int64_t> view(dims, 1);
+      view[d] = bins;
+      volume = volume * width.reshape(view);
+    }
+    hist = hist / (hist.sum() * volume);
+  }
+  return hist;
+}
+
+// Per-dimension outer edges: the range given, else the samples' min and max (one host
+// read), widened by 1/2 each way when they coincide; [0, 1] for no samples.
+std::vector<std::pair<double, double>> outer_edges(const char* name, const Tensor& samples,
+                                                   std::optional<at::ArrayRef<double>> range, int64_t dims) {
+  std::vector<std::pair<double, double>> out(dims, {0.0, 1.0});
+  if (range) {
+    TORCH_CHECK(static_cast<int64_t>(range->size()) == 2 * dims, name, ": for a ", dims, "-dimensional histogram, range ",
+                "should have ", 2 * dims, " elements, but got ", range->size());
+    for (int64_t d = 0; d < dims; ++d) out[d] = {(*range)[2 * d], (*range)[2 * d + 1]};
+  } else if (samples.size(0) > 0) {
+    auto [lo, hi] = at::aminmax(samples, 0);
+    Tensor both = at::stack({lo, hi}).to(at::kDouble).cpu();
+    for (int64_t d = 0; d < dims; ++d) out[d] = {both[0][d].item<double>(), both[1][d].item<double>()};
+  }
+  for (auto& [lo, hi] : out) {
+    TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), name, ": range of [", lo, ", ", hi, "] is not finite");
+    TORCH_CHECK(lo <= hi, name, ": min should not exceed max, but got min ", lo, " max ", hi);
+    if (lo == hi) {
+      lo -= 0.5;
+      hi += 0.5;
+    }
+  }
+  return out;
+}
+
+Tensor samples_of(const Tensor& self, int64_t dims) { return self.reshape({-1, dims}); }
+
+std::vector<Tensor> histogramdd_edges(const char* name, const Tensor& self, at::IntArrayRef bins,
+                                      std::optional<at::ArrayRef<double>> range) {
+  int64_t dims = self.dim() == 0 ? 1 : self.size(-1);
+  TORCH_CHECK(static_cast<int64_t>(bins.size()) == dims, name, ": expected ", dims, " sequences of bin edges for a ",
+              dims, "-dimensional histogram but got ", bins.size());
+  auto outer = outer_edges(name, samples_of(self, dims), range, dims);
+  std::vector<Tensor> edges;
+  for (int64_t d = 0; d < dims; ++d) {
+    TORCH_CHECK(bins[d] > 0, name, ": bins must be > 0, but got ", bins[d], " for dimension ", d);
+    edges.push_back(at::linspace(outer[d].first, outer[d].second, bins[d] + 1, self.options()));
+  }
+  return edges;
+}
+
+std::vector<Tensor> histogramdd_bin_edges_k(const Tensor& self, at::IntArrayRef bins, std::optional<at::ArrayRef<double>> range,
+                                            const std::optional<Tensor>& weight, bool density) {
+  check_histogram_input("torch.histogramdd", self, weight);
+  return histogramdd_edges("torch.histogramdd", self, bins, range);
+}
+Tensor histogramdd_from_bin_cts_k(const Tensor& self, at::IntArrayRef bins, std::optional<at::ArrayRef<double>> range,
+                                  const std::optional<Tensor>& weight, bool density) {
+  check_histogram_input("torch.histogramdd", self, weight);
+  auto edges = histogramdd_edges("torch.histogramdd", self, bins, range);
+  return histogram_counts(samples_of(self, static_cast<int64_t>(edges.size())), edges, weight, density);
+}
+Tensor histogramdd_from_bin_tensors_k(const Tensor& self, at::TensorList bins, const std::optional<Tensor>& weight,
+                                      bool density) {
+  check_histogram_input("torch.histogramdd", self, weight);
+  int64_t dims = self.dim() == 0 ? 1 : self.size(-1);
+  TORCH_CHECK(static_cast<int64_t>(bins.size()) == dims, "torch.histogramdd: expected ", dims,
+              " sequences of bin edges for a ", dims, "-dimensional histogram but got ", bins.size());
+  std::vector<Tensor> edges(bins.begin(), bins.end());
+  for (const Tensor& e : edges) {
+    TORCH_CHECK(e.dim() == 1 && e.numel() > 0, "torch.histogramdd: bin edges must be non-empty 1-d tensors");
+  }
+  return histogram_counts(samples_of(self, dims), edges, weight, density);
+}
+
+std::tuple<Tensor, Tensor> histogram_bin_ct(const Tensor& self, int64_t bins, std::optional<at::ArrayRef<double>> range,
+                                            const std::optional<Tensor>& weight, bool density) {
+  check_histogram_input("torch.histogram", self, weight);
+  auto edges = histogramdd_edges("torch.histogram", self.reshape({-1, 1}), {bins}, range);
+  return {histogram_counts(self.reshape({-1, 1}), edges, weight, density), edges[0]};
+}
+std::tuple<Tensor, Tensor> histogram_bins_tensor(const Tensor& self, const Tensor& bins, const std::optional<Tensor>& weight,
+                                                 bool density) {
+  check_histogram_input("torch.histogram", self, weight);
+  TORCH_CHECK(bins.dim() == 1 && bins.numel() > 0, "torch.histogram: bins tensor should have one dimension and at least 1 element");
+  TORCH_CHECK(bins.scalar_type() == self.scalar_type(), "torch.histogram: input tensor and bins tensors should have the same dtype");
+  return {histogram_counts(self.reshape({-1, 1}), {bins}, weight, density), bins.clone()};
+}
+std::tuple<Tensor&, Tensor&> histogram_bin_ct_out(const Tensor& self, int64_t bins, std::optional<at::ArrayRef<double>> range,
+                                                  const std::optional<Tensor>& weight, bool density, Tensor& hist,
+                                                  Tensor& bin_edges) {
+  auto [h, e] = histogram_bin_ct(self, bins, range, weight, density);
+  write_outs("torch.histogram", {h, e}, {hist, bin_edges});
+  return {hist, bin_edges};
+}
+std::tuple<Tensor&, Tensor&> histogram_bins_tensor_out(const Tensor& self, const Tensor& bins,
+                                                       const std::optional<Tensor>& weight, bool density, Tensor& hist,
+                                                       Tensor& bin_edges) {
+  auto [h, e] = histogram_bins_tensor(self, bins, weight, density);
+  write_outs("torch.histogram", {h, e}, {hist, bin_edges});
+  return {hist, bin_edges};
+}
+
 // Unique values of the flattened input: sorted (or consecutive runs, unsorted),
 // with inverse indices and counts. The number of groups is data: one host read
 // of it, then one program for the results.
@@ -336,6 +481,13 @@ std::tuple<Tensor, Tensor> unique_fn(const Tensor& self, bool sorted, bool retur
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique2", unique2_fn);
   m.impl("unique_consecutive", unique_consecutive_k);
+  m.impl("histogram.bin_ct", histogram_bin_ct);
+  m.impl("histogram.bins_tensor", histogram_bins_tensor);
+  m.impl("histogram.bin_ct_out", histogram_bin_ct_out);
+  m.impl("histogram.bins_tensor_out", histogram_bins_tensor_out);
+  m.impl("_histogramdd_bin_edges", histogramdd_bin_edges_k);
+  m.impl("_histogramdd_from_bin_cts", histogramdd_from_bin_cts_k);
+  m.impl("_histogramdd_from_bin_tensors", histogramdd_from_bin_tensors_k);
   m.impl("_unique", unique_fn);
 #define REG_POLY(NAME, OP)                       \
   m.impl("special_" OP, NAME##_fn);              \

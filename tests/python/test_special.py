@@ -178,3 +178,33 @@ def test_digamma_poles(dev: torch.device) -> None:
     ref = torch.digamma(x)
     assert torch.equal(out[:6].cpu().nan_to_num(), ref[:6].nan_to_num())  # -inf at +0, +inf at -0, NaN, ...
     assert_close(out[6:], ref[6:])
+
+
+@pytest.mark.parametrize("density", [False, True])
+def test_histogram_and_histogramdd(dev: torch.device, density: bool) -> None:
+    torch.manual_seed(10)
+    x, w = torch.randn(300), torch.rand(300)
+    edges = torch.tensor([-2.0, -0.5, 0.0, 0.1, 3.0])
+    for call in (lambda t, **k: torch.histogram(t, 7, **k),                    # range from the data
+                 lambda t, **k: torch.histogram(t, 5, range=(-1.0, 1.0), **k),  # samples outside are dropped
+                 lambda t, **k: torch.histogram(t, edges.to(t.device), **k)):   # uneven edges, the last bin closed
+        for weight in (None, w):
+            kw = dict(density=density) if weight is None else dict(density=density, weight=weight)
+            ref = call(x, **kw)
+            out = call(x.to(dev), **{k: v.to(dev) if isinstance(v, torch.Tensor) else v for k, v in kw.items()})
+            assert_close(out.hist, ref.hist)
+            assert_close(out.bin_edges, ref.bin_edges)
+    # All samples equal: edges widened by 1/2 each way, as CPU.
+    same = torch.full((5,), 2.0)
+    assert_close(torch.histogram(same.to(dev), 3).bin_edges, torch.histogram(same, 3).bin_edges)
+    y = torch.randn(200, 2)
+    for kw in (dict(bins=[3, 4]), dict(bins=[2, 2], range=[-1.0, 1.0, -2.0, 2.0]),
+               dict(bins=[torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([-3.0, 0.5, 1.0, 4.0])])):
+        ref = torch.histogramdd(y, density=density, **kw)
+        dkw = {k: [b.to(dev) for b in v] if isinstance(v[0], torch.Tensor) else v for k, v in kw.items()}
+        out = torch.histogramdd(y.to(dev), density=density, **dkw)
+        assert_close(out.hist, ref.hist)
+        for e_out, e_ref in zip(out.bin_edges, ref.bin_edges):
+            assert_close(e_out, e_ref)
+    with pytest.raises(RuntimeError, match="not finite"):
+        torch.histogram(torch.tensor([0.0, float("inf")]).to(dev), 3)
