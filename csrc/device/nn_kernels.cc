@@ -1438,29 +1438,44 @@ void check_cell(const char* name, const at::Tensor& input_gates, const at::Tenso
 }
 // ---------------------------------------------------------------- grid sampling
 
-void check_grid_sampler(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding) {
-  TORCH_CHECK(input.dim() == 4 && grid.dim() == 4, "grid_sampler(): expected 4D input and grid with same number of dimensions, but got input with sizes ",
-              input.sizes(), " and grid with sizes ", grid.sizes());
+// spatial: 2 or 3 (grid_sampler_2d / _3d), with CPU's checks and messages.
+void check_grid_sampler(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding, int64_t spatial) {
+  int64_t rank = spatial + 2;
+  TORCH_CHECK(input.dim() == rank && grid.dim() == rank, "grid_sampler(): expected ", rank,
+              "D input and grid with same number of dimensions, but got input with sizes ", input.sizes(),
+              " and grid with sizes ", grid.sizes());
   TORCH_CHECK(input.size(0) == grid.size(0), "grid_sampler(): expected grid and input to have same batch size, but got input with sizes ",
               input.sizes(), " and grid with sizes ", grid.sizes());
-  TORCH_CHECK(grid.size(-1) == 2, "grid_sampler(): expected grid to have size 2 in last dimension, but got grid with sizes ", grid.sizes());
+  TORCH_CHECK(grid.size(-1) == spatial, "grid_sampler(): expected grid to have size ", spatial,
+              " in last dimension, but got grid with sizes ", grid.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2 && padding >= 0 && padding <= 2, "grid_sampler(): unknown interpolation or padding mode");
-  TORCH_CHECK(input.size(2) > 0 && input.size(3) > 0, "grid_sampler(): expected input to have non-empty spatial dimensions");
+  TORCH_CHECK(spatial == 2 || mode != 2, "grid_sampler(): bicubic interpolation only supports 4D input");
+  for (int64_t d = 2; d < rank; ++d) {
+    TORCH_CHECK(input.size(d) > 0, "grid_sampler(): expected input to have non-empty spatial dimensions, but input has sizes ",
+                input.sizes(), " with dimension ", d, " being empty");
+  }
 }
 
-at::Tensor grid_sampler_2d_fn(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding, bool align) {
-  check_grid_sampler(input, grid, mode, padding);
-  OpBuilder op("aten::grid_sampler_2d");
+at::Tensor grid_sampler_fn(const char* name, int64_t spatial, const at::Tensor& input, const at::Tensor& grid,
+                           int64_t mode, int64_t padding, bool align) {
+  check_grid_sampler(input, grid, mode, padding, spatial);
+  OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   ir::DType dt = L::accumulate_type(to_ir(input.scalar_type()));
-  Value r = L::grid_sample_2d(b, b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
+  Value r = L::grid_sample(b, b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
   return finish(op, r, input.scalar_type(), nullptr);
 }
+at::Tensor grid_sampler_2d_fn(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding, bool align) {
+  return grid_sampler_fn("grid_sampler_2d", 2, input, grid, mode, padding, align);
+}
+at::Tensor grid_sampler_3d_fn(const at::Tensor& input, const at::Tensor& grid, int64_t mode, int64_t padding, bool align) {
+  return grid_sampler_fn("grid_sampler_3d", 3, input, grid, mode, padding, align);
+}
 
-std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward_fn(const at::Tensor& grad, const at::Tensor& input,
-                                                               const at::Tensor& grid, int64_t mode, int64_t padding,
-                                                               bool align, std::array<bool, 2> mask) {
-  check_grid_sampler(input, grid, mode, padding);
+std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_fn(const char* name, int64_t spatial, const at::Tensor& grad,
+                                                            const at::Tensor& input, const at::Tensor& grid, int64_t mode,
+                                                            int64_t padding, bool align, std::array<bool, 2> mask) {
+  check_grid_sampler(input, grid, mode, padding, spatial);
   if (mode == 2) {
     // Bicubic's backward has no lowering: the CPU kernel, counted as a fallback.
     static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::grid_sampler_2d_backward", "");
@@ -1468,14 +1483,24 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward_fn(const at::Tensor&
     run_on_cpu(handle, &stack);
     return {stack[0].toTensor(), stack[1].toTensor()};
   }
-  OpBuilder op("aten::grid_sampler_2d_backward");
+  OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   ir::DType dt = L::accumulate_type(to_ir(input.scalar_type()));
-  auto r = L::grid_sample_2d_backward(b, op.input(grad), b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
+  auto r = L::grid_sample_backward(b, op.input(grad), b.convert(op.input(input), dt), op.input(grid), mode, padding, align);
   at::Tensor gi = mask[0] ? op.output(r[0], input.scalar_type()) : at::Tensor();
   at::Tensor gg = mask[1] ? op.output(r[1], grid.scalar_type()) : at::Tensor();
   op.run();
   return {gi, gg};
+}
+std::tuple<at::Tensor, at::Tensor> grid_sampler_2d_backward_fn(const at::Tensor& grad, const at::Tensor& input,
+                                                               const at::Tensor& grid, int64_t mode, int64_t padding,
+                                                               bool align, std::array<bool, 2> mask) {
+  return grid_sampler_backward_fn("grid_sampler_2d_backward", 2, grad, input, grid, mode, padding, align, mask);
+}
+std::tuple<at::Tensor, at::Tensor> grid_sampler_3d_backward_fn(const at::Tensor& grad, const at::Tensor& input,
+                                                               const at::Tensor& grid, int64_t mode, int64_t padding,
+                                                               bool align, std::array<bool, 2> mask) {
+  return grid_sampler_backward_fn("grid_sampler_3d_backward", 3, grad, input, grid, mode, padding, align, mask);
 }
 
 // ---------------------------------------------------------------- CTC loss
@@ -1711,6 +1736,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_ctc_loss_backward.Tensor", ctc_loss_backward_tensor_fn);
   m.impl("grid_sampler_2d", grid_sampler_2d_fn);
   m.impl("grid_sampler_2d_backward", grid_sampler_2d_backward_fn);
+  m.impl("grid_sampler_3d", grid_sampler_3d_fn);
+  m.impl("grid_sampler_3d_backward", grid_sampler_3d_backward_fn);
   m.impl("_thnn_fused_lstm_cell", thnn_fused_lstm_cell);
   m.impl("_thnn_fused_lstm_cell_backward_impl", thnn_fused_lstm_cell_backward_impl);
   m.impl("_thnn_fused_gru_cell", thnn_fused_gru_cell);

@@ -317,9 +317,13 @@ std::vector<std::pair<double, double>> outer_edges(const char* name, const Tenso
     Tensor both = at::stack({lo, hi}).to(at::kDouble).cpu();
     for (int64_t d = 0; d < dims; ++d) out[d] = {both[0][d].item<double>(), both[1][d].item<double>()};
   }
-  for (auto& [lo, hi] : out) {
-    TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), name, ": range of [", lo, ", ", hi, "] is not finite");
-    TORCH_CHECK(lo <= hi, name, ": min should not exceed max, but got min ", lo, " max ", hi);
+  for (int64_t d = 0; d < dims; ++d) {
+    auto& [lo, hi] = out[d];
+    // CPU's messages (which name histogramdd for both).
+    TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histogramdd: dimension ", d, "'s range [", lo, ", ", hi,
+                "] is not finite");
+    TORCH_CHECK(lo <= hi, "torch.histogramdd: min should not exceed max, but got min ", lo, " max ", hi,
+                " for dimension ", d);
     if (lo == hi) {
       lo -= 0.5;
       hi += 0.5;

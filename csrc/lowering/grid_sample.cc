@@ -1,8 +1,8 @@
-// grid_sampler_2d (torch.nn.functional.grid_sample on 4-d inputs): source
-// coordinates from the grid (unnormalized, then padded by clipping or
+// grid_sampler_2d/3d (torch.nn.functional.grid_sample on 4-d and 5-d inputs):
+// source coordinates from the grid (unnormalized, then padded by clipping or
 // reflection), taps gathered from the flattened image, weighted; backward
 // scatters the weighted gradient to the taps and differentiates the weights
-// for the grid.
+// for the grid. Bicubic is 2-d only, as in torch.
 #include <cmath>
 #include <stdexcept>
 
@@ -76,23 +76,30 @@ Value pad_coordinate(Builder& b, Value x, const Axis& a, Value* grad_scale) {
 }
 
 struct Image {
-  Value flat;  // [N, C, H * W]
-  int64_t n, c, h, w;
+  Value flat;                   // [N, C, prod(spatial)]
+  int64_t n, c;
+  std::vector<int64_t> size;    // spatial sizes in the grid's component order (x: W, y: H, z: D)
+  std::vector<int64_t> stride;  // their strides in `flat`
 };
 
-// Value of the taps at integer coordinates (x, y) [N, P] (0 outside), as [N, C, P]; also
-// the flat index and validity for the backward scatter.
+// Value of the taps at integer coordinates (one [N, P] per grid component; 0 outside), as
+// [N, C, P]; also the flat index and validity for the backward scatter.
 struct Tap {
   Value index;  // [N, C, P] s64
-  Value valid;  // [N, 1 -> C, P] pred
+  Value valid;  // [N, C, P] pred
 };
-Tap tap_of(Builder& b, const Image& im, Value x, Value y) {
-  std::vector<int64_t> np = b.dims(x);  // [N, P]
-  Value valid = b.binary("and", b.binary("and", b.compare(x, cst(b, x, 0), "GE"), b.compare(x, cst(b, x, im.w - 1), "LE")),
-                         b.binary("and", b.compare(y, cst(b, y, 0), "GE"), b.compare(y, cst(b, y, im.h - 1), "LE")));
-  Value xi = b.convert(b.binary("minimum", b.binary("maximum", x, cst(b, x, 0)), cst(b, x, im.w - 1)), DType::S64);
-  Value yi = b.convert(b.binary("minimum", b.binary("maximum", y, cst(b, y, 0)), cst(b, y, im.h - 1)), DType::S64);
-  Value idx = b.binary("add", b.binary("multiply", yi, b.constant_int(DType::S64, im.w, np)), xi);
+Tap tap_of(Builder& b, const Image& im, const std::vector<Value>& coords) {
+  std::vector<int64_t> np = b.dims(coords[0]);  // [N, P]
+  Value valid, idx;
+  for (size_t k = 0; k < coords.size(); ++k) {
+    Value x = coords[k];
+    int64_t last = im.size[k] - 1;
+    Value inside = b.binary("and", b.compare(x, cst(b, x, 0), "GE"), b.compare(x, cst(b, x, last), "LE"));
+    Value xi = b.convert(b.binary("minimum", b.binary("maximum", x, cst(b, x, 0)), cst(b, x, last)), DType::S64);
+    Value term = b.binary("multiply", xi, b.constant_int(DType::S64, im.stride[k], np));
+    valid = valid.valid() ? b.binary("and", valid, inside) : inside;
+    idx = idx.valid() ? b.binary("add", idx, term) : term;
+  }
   std::vector<int64_t> ncp{im.n, im.c, np[1]};
   return {b.broadcast_in_dim(idx, ncp, {0, 2}), b.broadcast_in_dim(valid, ncp, {0, 2})};
 }
@@ -124,111 +131,181 @@ std::vector<Value> cubic_weights(Builder& b, Value t) {
 
 struct Setup {
   Image im;
-  Axis ax, ay;
-  Value gx, gy;  // [N, P] grid coordinates in [-1, 1]
-  int64_t ho, wo;
+  std::vector<Axis> axes;            // per grid component
+  std::vector<Value> g;              // [N, P] grid coordinates in [-1, 1], per component
+  std::vector<int64_t> out_spatial;  // the grid's spatial dims
 };
 Setup setup(Builder& b, Value input, Value grid, int64_t padding, bool align) {
   const auto& in = b.dims(input);
   const auto& gd = b.dims(grid);
+  int64_t spatial = static_cast<int64_t>(in.size()) - 2;
   Setup s;
-  s.im = {b.reshape(input, {in[0], in[1], in[2] * in[3]}), in[0], in[1], in[2], in[3]};
-  s.ho = gd[1];
-  s.wo = gd[2];
-  int64_t p = s.ho * s.wo;
-  Value g = b.reshape(b.convert(grid, b.dtype(input)), {gd[0], p, 2});
-  s.gx = b.reshape(b.slice_dim(g, 2, 0, 1), {gd[0], p});
-  s.gy = b.reshape(b.slice_dim(g, 2, 1, 2), {gd[0], p});
-  s.ax = {in[3], align, padding};
-  s.ay = {in[2], align, padding};
+  int64_t total = 1, p = 1;
+  for (int64_t d = 2; d < 2 + spatial; ++d) total *= in[d];
+  s.im = {b.reshape(input, {in[0], in[1], total}), in[0], in[1], {}, {}};
+  int64_t stride = 1;
+  for (int64_t k = 0; k < spatial; ++k) {  // component k indexes the k-th spatial dim from the last
+    int64_t size = in[1 + spatial - k];
+    s.im.size.push_back(size);
+    s.im.stride.push_back(stride);
+    s.axes.push_back({size, align, padding});
+    stride *= size;
+  }
+  s.out_spatial.assign(gd.begin() + 1, gd.end() - 1);
+  for (int64_t d : s.out_spatial) p *= d;
+  Value g = b.reshape(b.convert(grid, b.dtype(input)), {gd[0], p, spatial});
+  for (int64_t k = 0; k < spatial; ++k) s.g.push_back(b.reshape(b.slice_dim(g, 2, k, k + 1), {gd[0], p}));
   return s;
+}
+
+// The 2^S corners around x (S components): each corner takes floor(x_k) or floor(x_k) + 1
+// per component, weighted by the product of (1 - f_k) or f_k.
+struct Corner {
+  std::vector<Value> coords;
+  std::vector<Value> weights;  // per component
+  std::vector<bool> upper;
+};
+std::vector<Corner> corners(Builder& b, const std::vector<Value>& x) {
+  size_t n = x.size();
+  std::vector<Value> lo, frac, rest;
+  for (Value v : x) {
+    Value f = b.unary("floor", v);
+    lo.push_back(f);
+    frac.push_back(b.binary("subtract", v, f));
+    rest.push_back(b.binary("subtract", cst(b, v, 1), frac.back()));
+  }
+  std::vector<Corner> out;
+  for (size_t mask = 0; mask < (size_t{1} << n); ++mask) {
+    Corner c;
+    for (size_t k = 0; k < n; ++k) {
+      bool up = (mask >> k) & 1;
+      c.coords.push_back(up ? b.binary("add", lo[k], cst(b, lo[k], 1)) : lo[k]);
+      c.weights.push_back(up ? frac[k] : rest[k]);
+      c.upper.push_back(up);
+    }
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+Value product_except(Builder& b, const std::vector<Value>& w, size_t skip) {
+  Value r;
+  for (size_t k = 0; k < w.size(); ++k) {
+    if (k == skip) continue;
+    r = r.valid() ? b.binary("multiply", r, w[k]) : w[k];
+  }
+  return r.valid() ? r : cst(b, w[0], 1);
+}
+
+std::vector<int64_t> image_shape(const Setup& s) {
+  std::vector<int64_t> shape{s.im.n, s.im.c};
+  shape.insert(shape.end(), s.out_spatial.begin(), s.out_spatial.end());
+  return shape;
 }
 
 }  // namespace
 
-Value grid_sample_2d(Builder& b, Value input, Value grid, int64_t mode, int64_t padding, bool align) {
+Value grid_sample(Builder& b, Value input, Value grid, int64_t mode, int64_t padding, bool align) {
   Setup s = setup(b, input, grid, padding, align);
   const Image& im = s.im;
-  double sx, sy;
-  Value x = unnormalize(b, s.gx, s.ax, &sx), y = unnormalize(b, s.gy, s.ay, &sy);
+  size_t spatial = s.axes.size();
+  std::vector<Value> x;
+  for (size_t k = 0; k < spatial; ++k) {
+    double slope;
+    x.push_back(unnormalize(b, s.g[k], s.axes[k], &slope));
+  }
   Value out;
-  if (mode == 2) {  // bicubic: taps padded one by one
-    Value x0 = b.unary("floor", x), y0 = b.unary("floor", y);
-    auto wx = cubic_weights(b, b.binary("subtract", x, x0)), wy = cubic_weights(b, b.binary("subtract", y, y0));
+  if (mode == 2) {  // bicubic (2-d only): taps padded one by one
+    if (spatial != 2) throw std::invalid_argument("grid_sample: bicubic interpolation only supports 2 spatial dims");
+    Value x0 = b.unary("floor", x[0]), y0 = b.unary("floor", x[1]);
+    auto wx = cubic_weights(b, b.binary("subtract", x[0], x0)), wy = cubic_weights(b, b.binary("subtract", x[1], y0));
     for (int i = 0; i < 4; ++i) {
       Value row;
-      Value yi = pad_coordinate(b, b.binary("add", y0, cst(b, y0, i - 1)), s.ay, nullptr);
+      Value yi = pad_coordinate(b, b.binary("add", y0, cst(b, y0, i - 1)), s.axes[1], nullptr);
       for (int j = 0; j < 4; ++j) {
-        Value xj = pad_coordinate(b, b.binary("add", x0, cst(b, x0, j - 1)), s.ax, nullptr);
-        Value v = b.binary("multiply", read(b, im, tap_of(b, im, xj, yi)), bcast_np(b, wx[j], im));
+        Value xj = pad_coordinate(b, b.binary("add", x0, cst(b, x0, j - 1)), s.axes[0], nullptr);
+        Value v = b.binary("multiply", read(b, im, tap_of(b, im, {xj, yi})), bcast_np(b, wx[j], im));
         row = row.valid() ? b.binary("add", row, v) : v;
       }
       Value v = b.binary("multiply", row, bcast_np(b, wy[i], im));
       out = out.valid() ? b.binary("add", out, v) : v;
     }
   } else {
-    x = pad_coordinate(b, x, s.ax, nullptr);
-    y = pad_coordinate(b, y, s.ay, nullptr);
+    for (size_t k = 0; k < spatial; ++k) x[k] = pad_coordinate(b, x[k], s.axes[k], nullptr);
     if (mode == 1) {  // nearest (ties to even, as nearbyint)
-      out = read(b, im, tap_of(b, im, b.unary("round_nearest_even", x), b.unary("round_nearest_even", y)));
-    } else {  // bilinear
-      Value x0 = b.unary("floor", x), y0 = b.unary("floor", y);
-      Value x1 = b.binary("add", x0, cst(b, x0, 1)), y1 = b.binary("add", y0, cst(b, y0, 1));
-      Value fx = b.binary("subtract", x, x0), fy = b.binary("subtract", y, y0);
-      Value gx1 = b.binary("subtract", cst(b, fx, 1), fx), gy1 = b.binary("subtract", cst(b, fy, 1), fy);
-      auto term = [&](Value tx, Value ty, Value w) {
-        return b.binary("multiply", read(b, im, tap_of(b, im, tx, ty)), bcast_np(b, w, im));
-      };
-      out = b.binary("add", b.binary("add", term(x0, y0, b.binary("multiply", gx1, gy1)), term(x1, y0, b.binary("multiply", fx, gy1))),
-                     b.binary("add", term(x0, y1, b.binary("multiply", gx1, fy)), term(x1, y1, b.binary("multiply", fx, fy))));
+      std::vector<Value> r;
+      for (Value v : x) r.push_back(b.unary("round_nearest_even", v));
+      out = read(b, im, tap_of(b, im, r));
+    } else {  // (bi/tri)linear
+      for (const Corner& c : corners(b, x)) {
+        Value w = product_except(b, c.weights, spatial);
+        Value v = b.binary("multiply", read(b, im, tap_of(b, im, c.coords)), bcast_np(b, w, im));
+        out = out.valid() ? b.binary("add", out, v) : v;
+      }
     }
   }
-  return b.reshape(out, {im.n, im.c, s.ho, s.wo});
+  return b.reshape(out, image_shape(s));
 }
 
-std::vector<Value> grid_sample_2d_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode, int64_t padding,
-                                           bool align) {
-  if (mode == 2) throw std::invalid_argument("grid_sample_2d_backward: bicubic has no lowering");
+std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode, int64_t padding,
+                                        bool align) {
+  if (mode == 2) throw std::invalid_argument("grid_sample_backward: bicubic has no lowering");
   Setup s = setup(b, input, grid, padding, align);
   const Image& im = s.im;
-  int64_t p = s.ho * s.wo;
+  size_t spatial = s.axes.size();
+  int64_t p = b.dims(s.g[0])[1];
   Value g = b.reshape(b.convert(grad, b.dtype(input)), {im.n, im.c, p});
-  double sx, sy;
-  Value x = unnormalize(b, s.gx, s.ax, &sx), y = unnormalize(b, s.gy, s.ay, &sy);
-  Value kx = b.broadcast_to(cst(b, x, sx), b.dims(x)), ky = b.broadcast_to(cst(b, y, sy), b.dims(y));
-  x = pad_coordinate(b, x, s.ax, &kx);
-  y = pad_coordinate(b, y, s.ay, &ky);
-  Value grad_input = b.constant(b.dtype(input), 0, {im.n, im.c, im.h * im.w});
+  // Coordinates and d(coordinate)/d(grid component): the unnormalizing slope, through the padding.
+  std::vector<Value> x, scale;
+  for (size_t k = 0; k < spatial; ++k) {
+    double slope;
+    Value v = unnormalize(b, s.g[k], s.axes[k], &slope);
+    Value kx = b.broadcast_to(cst(b, v, slope), b.dims(v));
+    x.push_back(pad_coordinate(b, v, s.axes[k], &kx));
+    scale.push_back(kx);
+  }
+  Value grad_input = b.constant(b.dtype(input), 0, {im.n, im.c, b.dims(im.flat)[2]});
   auto scatter_tap = [&](const Tap& t, Value w) {
     Value contrib = b.binary("multiply", g, bcast_np(b, w, im));
     contrib = b.select(t.valid, contrib, b.scalar_like(contrib, 0));
     grad_input = scatter(b, grad_input, 2, t.index, contrib, "add");
   };
+  std::vector<int64_t> grid_shape{im.n};
+  grid_shape.insert(grid_shape.end(), s.out_spatial.begin(), s.out_spatial.end());
+  grid_shape.push_back(static_cast<int64_t>(spatial));
   Value grad_grid;
   if (mode == 1) {
-    scatter_tap(tap_of(b, im, b.unary("round_nearest_even", x), b.unary("round_nearest_even", y)), cst(b, x, 1));
-    grad_grid = b.constant(b.dtype(input), 0, {im.n, s.ho, s.wo, 2});
+    std::vector<Value> r;
+    for (Value v : x) r.push_back(b.unary("round_nearest_even", v));
+    scatter_tap(tap_of(b, im, r), cst(b, x[0], 1));
+    grad_grid = b.constant(b.dtype(input), 0, grid_shape);
   } else {
-    Value x0 = b.unary("floor", x), y0 = b.unary("floor", y);
-    Value x1 = b.binary("add", x0, cst(b, x0, 1)), y1 = b.binary("add", y0, cst(b, y0, 1));
-    Value fx = b.binary("subtract", x, x0), fy = b.binary("subtract", y, y0);
-    Value gx1 = b.binary("subtract", cst(b, fx, 1), fx), gy1 = b.binary("subtract", cst(b, fy, 1), fy);
-    Tap nw = tap_of(b, im, x0, y0), ne = tap_of(b, im, x1, y0), sw = tap_of(b, im, x0, y1), se = tap_of(b, im, x1, y1);
-    scatter_tap(nw, b.binary("multiply", gx1, gy1));
-    scatter_tap(ne, b.binary("multiply", fx, gy1));
-    scatter_tap(sw, b.binary("multiply", gx1, fy));
-    scatter_tap(se, b.binary("multiply", fx, fy));
-    // d out / d x and d y, summed over channels against the incoming gradient.
-    auto gv = [&](const Tap& t) { return b.binary("multiply", read(b, im, t), g); };
-    Value vnw = gv(nw), vne = gv(ne), vsw = gv(sw), vse = gv(se);
-    auto mul = [&](Value v, Value w) { return b.binary("multiply", v, bcast_np(b, w, im)); };
-    Value dx = b.binary("add", b.binary("subtract", mul(vne, gy1), mul(vnw, gy1)), b.binary("subtract", mul(vse, fy), mul(vsw, fy)));
-    Value dy = b.binary("add", b.binary("subtract", mul(vsw, gx1), mul(vnw, gx1)), b.binary("subtract", mul(vse, fx), mul(vne, fx)));
-    dx = b.binary("multiply", b.reduce_simple(dx, b.constant(b.dtype(dx), 0), {1}, "add"), kx);
-    dy = b.binary("multiply", b.reduce_simple(dy, b.constant(b.dtype(dy), 0), {1}, "add"), ky);
-    grad_grid = b.reshape(b.concatenate({b.reshape(dx, {im.n, p, 1}), b.reshape(dy, {im.n, p, 1})}, 2), {im.n, s.ho, s.wo, 2});
+    // d out / d x_k: each corner's value (against the incoming gradient) times +-1 for its side
+    // of component k, times the other components' weights; summed over channels.
+    std::vector<Value> d(spatial);
+    for (const Corner& c : corners(b, x)) {
+      Tap t = tap_of(b, im, c.coords);
+      scatter_tap(t, product_except(b, c.weights, spatial));
+      Value v = b.binary("multiply", read(b, im, t), g);
+      for (size_t k = 0; k < spatial; ++k) {
+        Value term = b.binary("multiply", v, bcast_np(b, product_except(b, c.weights, k), im));
+        if (!c.upper[k]) term = b.unary("negate", term);
+        d[k] = d[k].valid() ? b.binary("add", d[k], term) : term;
+      }
+    }
+    std::vector<Value> parts;
+    for (size_t k = 0; k < spatial; ++k) {
+      Value dk = b.binary("multiply", b.reduce_simple(d[k], b.constant(b.dtype(d[k]), 0), {1}, "add"), scale[k]);
+      parts.push_back(b.reshape(dk, {im.n, p, 1}));
+    }
+    grad_grid = b.reshape(b.concatenate(parts, 2), grid_shape);
   }
-  return {b.reshape(grad_input, {im.n, im.c, im.h, im.w}), grad_grid};
+  return {b.reshape(grad_input, [&] {
+            std::vector<int64_t> shape{im.n, im.c};
+            const auto& in = b.dims(input);
+            shape.insert(shape.end(), in.begin() + 2, in.end());
+            return shape;
+          }()),
+          grad_grid};
 }
 
 }  // namespace torch_pjrt::lowering

@@ -109,12 +109,12 @@ std::vector<Value> gru_cell(Builder& b, Value input_gates, Value hidden_gates, V
                             const Value* hidden_bias);
 std::vector<Value> gru_cell_backward(Builder& b, Value grad_hy, Value workspace, bool has_bias);
 
-// grid_sampler_2d: input [N, C, H, W] sampled at grid [N, Ho, Wo, 2] (x, y in
-// [-1, 1]); mode 0 bilinear, 1 nearest, 2 bicubic; padding 0 zeros, 1 border,
-// 2 reflection. Backward (bilinear, nearest): {grad_input, grad_grid}.
-Value grid_sample_2d(Builder& b, Value input, Value grid, int64_t mode, int64_t padding, bool align_corners);
-std::vector<Value> grid_sample_2d_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode,
-                                           int64_t padding, bool align_corners);
+// grid_sampler_2d/3d: input [N, C, (D,) H, W] sampled at grid [N, (Do,) Ho, Wo, S]
+// (x, y(, z) in [-1, 1]); mode 0 (bi/tri)linear, 1 nearest, 2 bicubic (2-d only);
+// padding 0 zeros, 1 border, 2 reflection. Backward (linear, nearest): {grad_input, grad_grid}.
+Value grid_sample(Builder& b, Value input, Value grid, int64_t mode, int64_t padding, bool align_corners);
+std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode, int64_t padding,
+                                        bool align_corners);
 
 // CTC loss over log_probs [T, N, C] with padded targets [N, S] and per-sequence
 // lengths [N]: {neg_log_likelihood [N], log_alpha [N, T, 2S + 1]}; the

@@ -206,5 +206,10 @@ def test_histogram_and_histogramdd(dev: torch.device, density: bool) -> None:
         assert_close(out.hist, ref.hist)
         for e_out, e_ref in zip(out.bin_edges, ref.bin_edges):
             assert_close(e_out, e_ref)
-    with pytest.raises(RuntimeError, match="not finite"):
-        torch.histogram(torch.tensor([0.0, float("inf")]).to(dev), 3)
+    for bad in (lambda d: torch.histogram(torch.tensor([0.0, float("inf")], device=d), 3),
+                lambda d: torch.histogram(torch.tensor([0.0, 1.0], device=d), 3, range=(2.0, 1.0))):
+        with pytest.raises(RuntimeError) as cpu_error:
+            bad("cpu")
+        with pytest.raises(RuntimeError) as dev_error:
+            bad(dev)
+        assert str(dev_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
