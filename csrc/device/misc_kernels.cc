@@ -316,6 +316,120 @@ at::Tensor index_reduce_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, 
                            bool inc) {
   return index_reduce_impl(s, d, i, src, r, inc, nullptr);
 }
+// ---------------------------------------------------------------- segment_reduce
+// Segments along `axis` given by lengths (or offsets), per leading index: compositions of
+// native kernels (searchsorted for each position's segment, then scatter_reduce / gather).
+struct Segments {
+  int64_t axis;
+  at::Tensor lengths;  // [lead..., S] long
+  at::Tensor index;    // data's shape: each element's segment
+  at::Tensor valid;    // data's shape: inside some segment (unsafe lengths may fall short)
+  std::vector<int64_t> out_shape;
+};
+Segments segments_of(const at::Tensor& data, const std::optional<at::Tensor>& lengths,
+                     const std::optional<at::Tensor>& offsets, int64_t axis, bool unsafe) {
+  bool by_lengths = lengths && lengths->defined(), by_offsets = offsets && offsets->defined();
+  TORCH_CHECK(by_lengths || by_offsets, "segment_reduce(): Either lengths or offsets must be defined.");
+  Segments s;
+  s.axis = at::maybe_wrap_dim(axis, data.dim());
+  s.lengths = by_lengths ? lengths->to(at::kLong)
+                         : (offsets->slice(-1, 1) - offsets->slice(-1, 0, offsets->size(-1) - 1)).to(at::kLong);
+  TORCH_CHECK(s.lengths.dim() == s.axis + 1, "segment_reduce(): Expected ", by_lengths ? "lengths" : "offsets",
+              " to have ", s.axis + 1, " dims (the data's before axis and one for the segments), got ", s.lengths.dim());
+  if (!unsafe) {
+    // One host read, as CPU's checks.
+    TORCH_CHECK((s.lengths >= 0).all().item<bool>(), "segment_reduce(): lengths contains negative value!");
+    TORCH_CHECK((s.lengths.sum(-1) == data.size(s.axis)).all().item<bool>(),
+                "segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) when !unsafe.");
+  }
+  int64_t segments = s.lengths.size(-1), positions = data.size(s.axis);
+  std::vector<int64_t> lead(data.sizes().begin(), data.sizes().begin() + s.axis), pos_shape = lead;
+  pos_shape.push_back(positions);
+  at::Tensor pos = at::arange(positions, s.lengths.options()).expand(pos_shape).contiguous();
+  at::Tensor seg = at::searchsorted(at::cumsum(s.lengths, -1), pos, /*out_int32=*/false, /*right=*/true);
+  std::vector<int64_t> view = pos_shape;
+  view.resize(data.dim(), 1);
+  s.valid = (seg < segments).reshape(view).expand(data.sizes());
+  s.index = seg.clamp_max(std::max<int64_t>(segments - 1, 0)).reshape(view).expand(data.sizes());
+  s.out_shape = data.sizes().vec();
+  s.out_shape[s.axis] = segments;
+  return s;
+}
+
+double segment_identity(c10::string_view reduce) {
+  if (reduce == "prod") return 1.0;
+  if (reduce == "max") return -INFINITY;
+  if (reduce == "min") return INFINITY;
+  TORCH_CHECK(reduce == "sum" || reduce == "mean", "segment_reduce(): unsupported reduction ", reduce);
+  return 0.0;
+}
+
+// Per-segment lengths broadcast to the output's shape (as the data's dtype).
+at::Tensor segment_counts(const Segments& s, const at::Tensor& data) {
+  std::vector<int64_t> view(s.lengths.sizes().begin(), s.lengths.sizes().end());
+  view.resize(data.dim(), 1);
+  return s.lengths.to(data.scalar_type()).reshape(view).expand(s.out_shape);
+}
+
+at::Tensor segment_reduce_fn(const at::Tensor& data, c10::string_view reduce, const std::optional<at::Tensor>& lengths,
+                             const std::optional<at::Tensor>& indices, const std::optional<at::Tensor>& offsets,
+                             int64_t axis, bool unsafe, const std::optional<at::Scalar>& initial) {
+  TORCH_CHECK(!indices || !indices->defined(), "segment_reduce(): indices based reduction is not supported yet.");
+  double identity = segment_identity(reduce);
+  Segments s = segments_of(data, lengths, offsets, axis, unsafe);
+  at::Tensor start = at::full(s.out_shape, initial ? *initial : at::Scalar(identity), data.options());
+  at::Tensor src = at::where(s.valid, data, at::scalar_tensor(identity, data.options()));
+  const char* op = reduce == "max" ? "amax" : reduce == "min" ? "amin" : reduce == "prod" ? "prod" : "sum";
+  at::Tensor out = start.scatter_reduce(s.axis, s.index, src, op, /*include_self=*/true);
+  if (reduce == "mean") {
+    // (initial + sum) / length; an empty segment keeps `initial`, else NaN.
+    at::Tensor count = segment_counts(s, data);
+    at::Tensor empty = at::scalar_tensor(initial ? initial->toDouble() : NAN, data.options());
+    out = at::where(count > 0, out / count, empty);
+  }
+  return out;
+}
+
+at::Tensor segment_reduce_backward_fn(const at::Tensor& grad, const at::Tensor& output, const at::Tensor& data,
+                                      c10::string_view reduce, const std::optional<at::Tensor>& lengths,
+                                      const std::optional<at::Tensor>& offsets, int64_t axis,
+                                      const std::optional<at::Scalar>& initial) {
+  segment_identity(reduce);
+  Segments s = segments_of(data, lengths, offsets, axis, /*unsafe=*/true);
+  at::Tensor g = grad.gather(s.axis, s.index), o = output.gather(s.axis, s.index);
+  at::Tensor zero = at::zeros({}, data.options()), zeros = at::zeros(s.out_shape, data.options());
+  at::Tensor gi;
+  if (reduce == "sum") {
+    gi = g;
+  } else if (reduce == "mean") {
+    gi = g / segment_counts(s, data).gather(s.axis, s.index);
+  } else if (reduce == "max" || reduce == "min") {
+    // To the elements equal to the result (NaNs, where it is NaN). CPU's rule for ties:
+    // a positive gradient is split equally among them, any other goes whole to each.
+    at::Tensor hit = ((data == o) | (at::isnan(data) & at::isnan(o))) & s.valid;
+    at::Tensor ties = zeros.scatter_add(s.axis, s.index, hit.to(data.scalar_type())).gather(s.axis, s.index);
+    gi = at::where(hit, at::where(g > 0, g / ties, g), zero);
+  } else {
+    // prod: g * output / x, except at zeros and NaNs, whose gradient is the product of the
+    // segment's other entries (and initial): that product is the non-special entries' when
+    // x is the only special one, else 0, or NaN when another special entry is NaN.
+    at::Tensor nan = at::isnan(data) & s.valid;
+    at::Tensor special = ((data == 0) & s.valid) | nan;
+    at::Tensor ones = at::ones({}, data.options());
+    at::Tensor plain = at::where(special | ~s.valid, ones, data);
+    at::Tensor others = at::full(s.out_shape, initial ? *initial : at::Scalar(1.0), data.options())
+                            .scatter_reduce(s.axis, s.index, plain, "prod", /*include_self=*/true)
+                            .gather(s.axis, s.index);
+    at::Tensor specials = zeros.scatter_add(s.axis, s.index, special.to(data.scalar_type())).gather(s.axis, s.index);
+    at::Tensor nans = zeros.scatter_add(s.axis, s.index, nan.to(data.scalar_type())).gather(s.axis, s.index);
+    at::Tensor exclusive = at::where(specials == 1, others,
+                                     at::where(nans - nan.to(data.scalar_type()) > 0,
+                                               at::scalar_tensor(NAN, data.options()), zero));
+    gi = at::where(special, g * exclusive, g * o / data);
+  }
+  return at::where(s.valid, gi, zero);
+}
+
 at::Tensor& index_reduce_out(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src, c10::string_view r,
                              bool inc, at::Tensor& out) {
   return write_out("index_reduce", index_reduce_fn(s, d, i, src, r, inc), out);
@@ -1308,6 +1422,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("index_reduce", index_reduce_fn);
   m.impl("index_reduce_", index_reduce_inplace);
   m.impl("index_reduce.out", index_reduce_out);
+  m.impl("segment_reduce", segment_reduce_fn);
+  m.impl("_segment_reduce_backward", segment_reduce_backward_fn);
   m.impl("rsub.Tensor", rsub_fn);
   m.impl("rsub.Scalar", rsub_scalar_fn);
   m.impl("equal", equal_fn);

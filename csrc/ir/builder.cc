@@ -504,7 +504,13 @@ Value Builder::scatter(Value operand, Value indices, Value updates,
   Builder rb(*region);
   Value old_v = region->param(Type{dtype(operand), {}});
   Value new_v = region->param(Type{dtype(operand), {}});
-  region->set_outputs({combiner.empty() ? new_v : rb.binary(combiner, old_v, new_v)});
+  Value combined = combiner.empty() ? new_v : rb.binary(combiner, old_v, new_v);
+  if ((combiner == "stablehlo.maximum" || combiner == "stablehlo.minimum") && is_floating(dtype(operand))) {
+    // NaN wins, as torch's amax/amin (XLA's scatter keeps the other operand).
+    Value nan = rb.binary("or", rb.compare(old_v, old_v, "NE"), rb.compare(new_v, new_v, "NE"));
+    combined = rb.select(nan, rb.binary("stablehlo.add", old_v, new_v), combined);
+  }
+  region->set_outputs({combined});
   std::vector<std::string> parts;
   if (!update_window_dims.empty()) parts.push_back("update_window_dims = " + int_list(update_window_dims));
   if (!inserted_window_dims.empty())

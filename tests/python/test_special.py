@@ -213,3 +213,49 @@ def test_histogram_and_histogramdd(dev: torch.device, density: bool) -> None:
         with pytest.raises(RuntimeError) as dev_error:
             bad(dev)
         assert str(dev_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "max", "min", "prod"])
+@pytest.mark.parametrize("initial", [None, 2.0])
+def test_segment_reduce(dev: torch.device, reduce: str, initial: float | None) -> None:
+    # Empty segments, zeros, a NaN and ties (prod's and max/min's special gradients), along an
+    # inner axis with per-row lengths, and by offsets.
+    data = torch.tensor([[1.0, 0.0, 3.0, 0.0, 0.0, 2.0, float("nan"), 4.0],
+                         [3.0, 3.0, 1.0, 2.0, 2.0, 0.5, -1.0, 5.0]]).unsqueeze(-1).repeat(1, 1, 2)
+    lengths = torch.tensor([[2, 0, 3, 3], [3, 1, 0, 4]])
+    kw = dict(axis=1) if initial is None else dict(axis=1, initial=initial)
+    x, xd = data.clone().requires_grad_(), data.to(dev).requires_grad_()
+    ref = torch.segment_reduce(x, reduce, lengths=lengths, **kw)
+    out = torch.segment_reduce(xd, reduce, lengths=lengths.to(dev), **kw)
+    assert_close(out, ref.detach())
+    w = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3))
+    (ref * w).nan_to_num().sum().backward()
+    (out * w.to(dev)).nan_to_num().sum().backward()
+    assert_close(xd.grad, x.grad)
+    offsets = torch.cat([torch.zeros(2, 1, dtype=torch.long), lengths.cumsum(1)], 1)
+    assert_close(torch.segment_reduce(data.to(dev), reduce, offsets=offsets.to(dev), **kw),
+                 torch.segment_reduce(data, reduce, offsets=offsets, **kw))
+
+
+def test_segment_reduce_checks_like_cpu(dev: torch.device) -> None:
+    for bad in (lambda d: torch.segment_reduce(torch.ones(5, device=d), "sum", lengths=torch.tensor([1, 1], device=d)),
+                lambda d: torch.segment_reduce(torch.ones(5, device=d), "sum")):
+        with pytest.raises(RuntimeError) as cpu_error:
+            bad("cpu")
+        with pytest.raises(RuntimeError) as dev_error:
+            bad(dev)
+        assert str(dev_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
+    # unsafe: lengths that fall short leave the rest out, as on CPU.
+    short = torch.tensor([1, 1])
+    assert_close(torch.segment_reduce(torch.arange(5.0).to(dev), "sum", lengths=short.to(dev), unsafe=True),
+                 torch.segment_reduce(torch.arange(5.0), "sum", lengths=short, unsafe=True))
+
+
+def test_scatter_reduce_extremes_propagate_nan(dev: torch.device) -> None:
+    src = torch.tensor([2.0, float("nan"), 4.0, 1.0])
+    index = torch.tensor([0, 0, 1, 1])
+    for reduce in ("amax", "amin"):
+        for include_self in (True, False):
+            ref = torch.zeros(2).scatter_reduce(0, index, src, reduce, include_self=include_self)
+            out = torch.zeros(2).to(dev).scatter_reduce(0, index.to(dev), src.to(dev), reduce, include_self=include_self)
+            assert_close(out, ref)
