@@ -653,6 +653,33 @@ std::vector<int64_t> reduce_dims(const at::Tensor& self, at::OptionalIntArrayRef
   return out;
 }
 
+// torch.hash_tensor (mode 0, xor_sum): the xor of the elements' 64-bit patterns, floats
+// widened to double and integers to int64 first, as CPU.
+at::Tensor& hash_tensor_out(const at::Tensor& self, at::IntArrayRef dim, bool keepdim, int64_t mode, at::Tensor& out) {
+  TORCH_CHECK(mode == 0, "Unknown hash_tensor mode: ", mode);
+  TORCH_CHECK(self.numel() > 0 || !dim.empty(), "hash_tensor: Expected reduction dim to be specified for input.numel() == 0. ",
+              "Specify the reduction dim with the 'dim' argument.");
+  at::ScalarType t = self.scalar_type();
+  TORCH_CHECK(!at::isComplexType(t) && t != at::kUInt64, "\"xor_sum\" not implemented for '", t, "'");
+  OpBuilder op("aten::hash_tensor");
+  auto& b = op.b();
+  std::vector<int64_t> in = vec(self.sizes()), dims = reduce_dims(self, dim);
+  if (dims.empty()) {
+    for (int64_t d = 0; d < self.dim(); ++d) dims.push_back(d);
+  }
+  int64_t n = self.numel();
+  Value wide = b.convert(op.input(self), at::isFloatingType(t) ? ir::DType::F64 : ir::DType::S64);
+  Value bits = b.reshape(b.bitcast_flat(b.reshape(wide, {n}), ir::DType::U64), in);
+  Value r = b.reduce_simple(bits, b.constant_int(ir::DType::U64, 0), dims, "xor");
+  std::vector<int64_t> shape;
+  for (int64_t d = 0; d < self.dim(); ++d) {
+    bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    if (!reduced) shape.push_back(in[d]);
+    else if (keepdim) shape.push_back(1);
+  }
+  return write_out("hash_tensor", finish(op, b.reshape(r, shape), at::kUInt64, nullptr), out);
+}
+
 at::Tensor sum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                     std::optional<at::ScalarType> dtype, const at::Tensor* into) {
   at::ScalarType out = dtype ? *dtype
@@ -1874,6 +1901,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   });
   m.impl("std.correction", std_fn);
   m.impl("logsumexp", logsumexp_fn);
+  m.impl("hash_tensor.out", hash_tensor_out);
   m.impl("linalg_vector_norm", vector_norm_fn);
   m.impl("linalg_vector_norm.out", vector_norm_out);
   m.impl("all", all_fn);

@@ -259,3 +259,18 @@ def test_scatter_reduce_extremes_propagate_nan(dev: torch.device) -> None:
             ref = torch.zeros(2).scatter_reduce(0, index, src, reduce, include_self=include_self)
             out = torch.zeros(2).to(dev).scatter_reduce(0, index.to(dev), src.to(dev), reduce, include_self=include_self)
             assert_close(out, ref)
+
+
+def test_hash_tensor(dev: torch.device) -> None:
+    torch.manual_seed(13)
+    cases = [torch.tensor([1.0, 2.0, -0.5]), torch.tensor([1, 2, 3]), torch.tensor([True, False, True]),
+             torch.tensor([-1], dtype=torch.int8), torch.tensor([1.0, 2.0], dtype=torch.bfloat16),
+             torch.tensor([1, 2], dtype=torch.uint8), torch.randn(3, 4)]
+    with torch_pjrt.fallback_mode("error"):
+        for x in cases:
+            assert torch.equal(torch.hash_tensor(x.to(dev)).cpu(), torch.hash_tensor(x)), x
+        x = torch.randn(3, 4, 5)
+        for kw in (dict(dim=1), dict(dim=(0, 2), keepdim=True), dict(dim=1, keepdim=True)):
+            assert torch.equal(torch.hash_tensor(x.to(dev), **kw).cpu(), torch.hash_tensor(x, **kw)), kw
+    with pytest.raises(RuntimeError, match="Unknown hash_tensor mode: 1"):
+        torch.hash_tensor(x.to(dev), mode=1)
