@@ -457,14 +457,89 @@ std::tuple<Tensor, Tensor, Tensor> unique_flat(const char* name, const Tensor& s
   return {out[0], inverse, counts};
 }
 
+// Unique slices along `dim` (rows of the input moved to [n, m], compared whole): sorted
+// lexicographically (stable sorts of the row order by each column, last column first) or,
+// without `sort`, consecutive runs; one host read of the group count, as unique_flat.
+constexpr int64_t kMaxUniqueRowLength = 256;  // longer rows: the CPU kernel (one sort per column here)
+
+std::tuple<Tensor, Tensor, Tensor> unique_rows(const char* name, const Tensor& self, int64_t dim, bool sort,
+                                               bool return_inverse, bool return_counts) {
+  int64_t d = at::maybe_wrap_dim(dim, self.dim());
+  Tensor moved = self.movedim(d, 0);
+  int64_t n = moved.size(0), m = 1;
+  for (int64_t i = 1; i < moved.dim(); ++i) m *= moved.size(i);
+  Tensor empty_long = at::empty({0}, self.options().dtype(at::kLong));
+  if (n == 0) return {self.clone(), empty_long, empty_long};
+  TORCH_CHECK(m > 0, "There are 0 sized dimensions, and they aren't selected, so unique cannot be applied");
+  if (m > kMaxUniqueRowLength) {
+    static auto unique_dim = c10::Dispatcher::singleton().findSchemaOrThrow("aten::unique_dim", "");
+    static auto consecutive = c10::Dispatcher::singleton().findSchemaOrThrow("aten::unique_consecutive", "");
+    torch::jit::Stack stack = sort ? torch::jit::Stack{self, d, true, return_inverse, return_counts}
+                                   : torch::jit::Stack{self, return_inverse, return_counts, d};
+    run_on_cpu(sort ? unique_dim : consecutive, &stack);
+    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+  }
+  auto groups = [&](ir::Builder& b, Value rows) -> std::vector<Value> {
+    Value perm = b.iota(ir::DType::S64, {n}, 0);
+    auto column = [&](int64_t j) { return b.reshape(b.slice_dim(rows, 1, j, j + 1), {n}); };
+    if (sort && n > 1) {
+      for (int64_t j = m - 1; j >= 0; --j) {
+        Value key = L::gather(b, column(j), 0, perm);
+        if (b.dtype(key) == ir::DType::Pred) key = b.convert(key, ir::DType::U8);
+        perm = b.sort({key, perm}, 0, /*descending=*/false, /*stable=*/true)[1];
+      }
+    }
+    Value sorted = L::index_select(b, rows, 0, perm);
+    Value prev = b.concatenate({b.slice_dim(sorted, 0, 0, 1), b.slice_dim(sorted, 0, 0, n - 1)}, 0);
+    Value differs = b.reduce_simple(b.compare(sorted, prev, "NE"), b.constant_int(ir::DType::Pred, 0), {1}, "or");
+    Value first = b.compare(b.iota(ir::DType::S64, {n}, 0), b.constant_int(ir::DType::S64, 0, {n}), "EQ");
+    Value is_new = b.binary("or", first, differs);
+    Value g = b.binary("subtract", L::cumulative(b, b.convert(is_new, ir::DType::S64), 0, "sum"),
+                       b.constant_int(ir::DType::S64, 1, {n}));
+    return {sorted, perm, g, is_new};
+  };
+  int64_t u;
+  {
+    OpBuilder count(std::string("aten::") + name);
+    auto& b = count.b();
+    auto gr = groups(b, b.reshape(count.input(moved), {n, m}));
+    Value total = b.reduce_simple(b.convert(gr[3], ir::DType::S64), b.constant_int(ir::DType::S64, 0), {0}, "add");
+    Tensor t = count.output(total, at::kLong);
+    count.run();
+    u = t.item<int64_t>();
+  }
+  OpBuilder op(std::string("aten::") + name);
+  auto& b = op.b();
+  auto gr = groups(b, b.reshape(op.input(moved), {n, m}));
+  Value index = b.broadcast_in_dim(gr[2], {n, m}, {0});
+  std::vector<int64_t> shape = vec(moved.sizes());
+  shape[0] = u;
+  Value values = b.reshape(L::scatter(b, b.constant(b.dtype(gr[0]), 0, {u, m}), 0, index, gr[0], ""), shape);
+  std::vector<std::pair<Value, at::ScalarType>> results{{values, self.scalar_type()}};
+  if (return_inverse) results.push_back({L::scatter(b, b.constant_int(ir::DType::S64, 0, {n}), 0, gr[1], gr[2], ""), at::kLong});
+  if (return_counts) {
+    results.push_back({L::scatter(b, b.constant_int(ir::DType::S64, 0, {u}), 0, gr[2], b.constant_int(ir::DType::S64, 1, {n}), "add"),
+                       at::kLong});
+  }
+  std::vector<Tensor> out;
+  for (auto& [v, t] : results) out.push_back(op.output(v, t));
+  op.run();
+  size_t i = 1;
+  Tensor inverse = return_inverse ? out[i++] : empty_long;
+  Tensor counts = return_counts ? out[i++] : empty_long;
+  return {out[0].movedim(0, d).contiguous(), inverse, counts};
+}
+
+std::tuple<Tensor, Tensor, Tensor> unique_dim_k(const Tensor& self, int64_t dim, bool sorted, bool return_inverse,
+                                                bool return_counts) {
+  (void)sorted;  // CPU sorts whether or not it is asked to
+  return unique_rows("unique_dim", self, dim, true, return_inverse, return_counts);
+}
+
 std::tuple<Tensor, Tensor, Tensor> unique_consecutive_k(const Tensor& self, bool return_inverse, bool return_counts,
                                                         std::optional<int64_t> dim) {
   if (dim.has_value() && self.dim() > 1) {
-    // Along a dim (rows compared whole): the CPU kernel, counted as a fallback.
-    static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::unique_consecutive", "");
-    torch::jit::Stack stack{self, return_inverse, return_counts, dim};
-    run_on_cpu(handle, &stack);
-    return {stack[0].toTensor(), stack[1].toTensor(), stack[2].toTensor()};
+    return unique_rows("unique_consecutive", self, *dim, false, return_inverse, return_counts);
   }
   // Flat (or 1-d along its only dim): consecutive runs, unsorted.
   return unique_flat("unique_consecutive", self, false, return_inverse, return_counts);
@@ -485,6 +560,7 @@ std::tuple<Tensor, Tensor> unique_fn(const Tensor& self, bool sorted, bool retur
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_unique2", unique2_fn);
   m.impl("unique_consecutive", unique_consecutive_k);
+  m.impl("unique_dim", unique_dim_k);
   m.impl("histogram.bin_ct", histogram_bin_ct);
   m.impl("histogram.bins_tensor", histogram_bins_tensor);
   m.impl("histogram.bin_ct_out", histogram_bin_ct_out);

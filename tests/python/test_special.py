@@ -274,3 +274,18 @@ def test_hash_tensor(dev: torch.device) -> None:
             assert torch.equal(torch.hash_tensor(x.to(dev), **kw).cpu(), torch.hash_tensor(x, **kw)), kw
     with pytest.raises(RuntimeError, match="Unknown hash_tensor mode: 1"):
         torch.hash_tensor(x.to(dev), mode=1)
+
+
+def test_unique_along_a_dim(dev: torch.device) -> None:
+    torch.manual_seed(14)
+    cases = [torch.tensor([[1, 2], [0, 5], [1, 2], [0, 1]]), torch.randint(0, 3, (20, 3)),
+             torch.randint(0, 2, (4, 6, 2)).float(), torch.tensor([[True, False], [True, False], [False, False]])]
+    with torch_pjrt.fallback_mode("error"):
+        for x in cases:
+            for dim in range(x.dim()):
+                for fn in (lambda t: torch.unique(t, dim=dim, return_inverse=True, return_counts=True),
+                           lambda t: torch.unique_consecutive(t, dim=dim, return_inverse=True, return_counts=True)):
+                    for want, got in zip(fn(x), fn(x.to(dev))):
+                        assert torch.equal(got.cpu(), want), (x, dim)
+    with pytest.raises(RuntimeError, match="0 sized dimensions"):
+        torch.unique(torch.empty(2, 0).to(dev), dim=0)
