@@ -2,11 +2,9 @@
 // normalization, resampling, padding, scans/sorting and losses. Each kernel
 // checks its arguments like the CPU kernel does, then lowers through lowering/nn.h.
 #include <ATen/WrapDimUtils.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
 #include "device/context.h"
-#include "device/fallback.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 
@@ -1476,13 +1474,6 @@ std::tuple<at::Tensor, at::Tensor> grid_sampler_backward_fn(const char* name, in
                                                             const at::Tensor& input, const at::Tensor& grid, int64_t mode,
                                                             int64_t padding, bool align, std::array<bool, 2> mask) {
   check_grid_sampler(input, grid, mode, padding, spatial);
-  if (mode == 2) {
-    // Bicubic's backward has no lowering: the CPU kernel, counted as a fallback.
-    static auto handle = c10::Dispatcher::singleton().findSchemaOrThrow("aten::grid_sampler_2d_backward", "");
-    torch::jit::Stack stack{grad, input, grid, mode, padding, align, std::vector<bool>{mask[0], mask[1]}};
-    run_on_cpu(handle, &stack);
-    return {stack[0].toTensor(), stack[1].toTensor()};
-  }
   OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   ir::DType dt = L::accumulate_type(to_ir(input.scalar_type()));

@@ -128,6 +128,20 @@ std::vector<Value> cubic_weights(Builder& b, Value t) {
   Value one = cst(b, t, 1);
   return {cc2(b.binary("add", t, one)), cc1(t), cc1(b.binary("subtract", one, t)), cc2(b.binary("subtract", cst(b, t, 2), t))};
 }
+// Their derivatives with respect to t.
+std::vector<Value> cubic_weight_slopes(Builder& b, Value t) {
+  const double A = -0.75;
+  auto dc1 = [&](Value x) {  // d/dx of ((A + 2) x - (A + 3)) x^2 + 1
+    return b.binary("multiply", b.binary("subtract", b.binary("multiply", cst(b, x, 3 * (A + 2)), x), cst(b, x, 2 * (A + 3))), x);
+  };
+  auto dc2 = [&](Value x) {  // d/dx of ((A x - 5 A) x + 8 A) x - 4 A
+    Value p = b.binary("subtract", b.binary("multiply", cst(b, x, 3 * A), x), cst(b, x, 10 * A));
+    return b.binary("add", b.binary("multiply", p, x), cst(b, x, 8 * A));
+  };
+  Value one = cst(b, t, 1);
+  return {dc2(b.binary("add", t, one)), dc1(t), b.unary("negate", dc1(b.binary("subtract", one, t))),
+          b.unary("negate", dc2(b.binary("subtract", cst(b, t, 2), t)))};
+}
 
 struct Setup {
   Image im;
@@ -248,7 +262,6 @@ Value grid_sample(Builder& b, Value input, Value grid, int64_t mode, int64_t pad
 
 std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode, int64_t padding,
                                         bool align) {
-  if (mode == 2) throw std::invalid_argument("grid_sample_backward: bicubic has no lowering");
   Setup s = setup(b, input, grid, padding, align);
   const Image& im = s.im;
   size_t spatial = s.axes.size();
@@ -273,7 +286,34 @@ std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Val
   grid_shape.insert(grid_shape.end(), s.out_spatial.begin(), s.out_spatial.end());
   grid_shape.push_back(static_cast<int64_t>(spatial));
   Value grad_grid;
-  if (mode == 1) {
+  if (mode == 2) {
+    // Bicubic (2-d): 16 taps, each padded on its own; the grid gradient differentiates the
+    // cubic weights (the padding is piecewise constant there), times the unnormalizing slope.
+    if (spatial != 2) throw std::invalid_argument("grid_sample_backward: bicubic interpolation only supports 2 spatial dims");
+    double sx, sy;
+    Value ux = unnormalize(b, s.g[0], s.axes[0], &sx), uy = unnormalize(b, s.g[1], s.axes[1], &sy);
+    Value x0 = b.unary("floor", ux), y0 = b.unary("floor", uy);
+    Value tx = b.binary("subtract", ux, x0), ty = b.binary("subtract", uy, y0);
+    auto wx = cubic_weights(b, tx), wy = cubic_weights(b, ty);
+    auto dwx = cubic_weight_slopes(b, tx), dwy = cubic_weight_slopes(b, ty);
+    Value dx, dy;
+    for (int i = 0; i < 4; ++i) {
+      Value yi = pad_coordinate(b, b.binary("add", y0, cst(b, y0, i - 1)), s.axes[1], nullptr);
+      for (int j = 0; j < 4; ++j) {
+        Value xj = pad_coordinate(b, b.binary("add", x0, cst(b, x0, j - 1)), s.axes[0], nullptr);
+        Tap t = tap_of(b, im, {xj, yi});
+        scatter_tap(t, b.binary("multiply", wx[j], wy[i]));
+        Value v = b.binary("multiply", read(b, im, t), g);
+        Value tdx = b.binary("multiply", v, bcast_np(b, b.binary("multiply", dwx[j], wy[i]), im));
+        Value tdy = b.binary("multiply", v, bcast_np(b, b.binary("multiply", wx[j], dwy[i]), im));
+        dx = dx.valid() ? b.binary("add", dx, tdx) : tdx;
+        dy = dy.valid() ? b.binary("add", dy, tdy) : tdy;
+      }
+    }
+    Value gx = b.binary("multiply", b.reduce_simple(dx, b.constant(b.dtype(dx), 0), {1}, "add"), cst(b, s.g[0], sx));
+    Value gy = b.binary("multiply", b.reduce_simple(dy, b.constant(b.dtype(dy), 0), {1}, "add"), cst(b, s.g[1], sy));
+    grad_grid = b.reshape(b.concatenate({b.reshape(gx, {im.n, p, 1}), b.reshape(gy, {im.n, p, 1})}, 2), grid_shape);
+  } else if (mode == 1) {
     std::vector<Value> r;
     for (Value v : x) r.push_back(b.unary("round_nearest_even", v));
     scatter_tap(tap_of(b, im, r), cst(b, x[0], 1));

@@ -111,7 +111,7 @@ std::vector<Value> gru_cell_backward(Builder& b, Value grad_hy, Value workspace,
 
 // grid_sampler_2d/3d: input [N, C, (D,) H, W] sampled at grid [N, (Do,) Ho, Wo, S]
 // (x, y(, z) in [-1, 1]); mode 0 (bi/tri)linear, 1 nearest, 2 bicubic (2-d only);
-// padding 0 zeros, 1 border, 2 reflection. Backward (linear, nearest): {grad_input, grad_grid}.
+// padding 0 zeros, 1 border, 2 reflection. Backward: {grad_input, grad_grid}.
 Value grid_sample(Builder& b, Value input, Value grid, int64_t mode, int64_t padding, bool align_corners);
 std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Value grid, int64_t mode, int64_t padding,
                                         bool align_corners);

@@ -354,8 +354,7 @@ def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
     ref_x, ref_g = x.clone().requires_grad_(), grid.clone().requires_grad_()
     dx, dg = x.float().to(dev).requires_grad_(), grid.float().to(dev).requires_grad_()
     kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    # Bicubic's backward is the one part still on the CPU (counted); the rest is native.
-    with torch_pjrt.fallback_mode("warn" if mode == "bicubic" else "error"):
+    with torch_pjrt.fallback_mode("error"):
         y = torch.nn.functional.grid_sample(dx, dg, **kw)
         w = torch.randn(y.shape, dtype=torch.float64, generator=gen)
         (y * w.float().to(dev)).sum().backward()
