@@ -818,6 +818,11 @@ at::Tensor vector_norm_impl(const at::Tensor& self, const at::Scalar& ord, at::O
                             std::optional<at::ScalarType> dtype, const at::Tensor* into) {
   TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
               "linalg.vector_norm: Expected a floating point or complex tensor as input. Got ", self.scalar_type());
+  if (dtype) {
+    bool complex_in = at::isComplexType(self.scalar_type());
+    TORCH_CHECK(at::isComplexType(*dtype) == complex_in, "linalg.vector_norm: dtype should be ",
+                complex_in ? "complex" : "real", " for ", complex_in ? "complex" : "real", " inputs, but got ", *dtype);
+  }
   at::ScalarType out = c10::toRealValueType(dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type()));
   double p = ord.toDouble();
   OpBuilder op("aten::linalg_vector_norm");

@@ -332,13 +332,22 @@ Segments segments_of(const at::Tensor& data, const std::optional<at::Tensor>& le
   TORCH_CHECK(by_lengths || by_offsets, "segment_reduce(): Either lengths or offsets must be defined.");
   Segments s;
   s.axis = at::maybe_wrap_dim(axis, data.dim());
-  s.lengths = by_lengths ? lengths->to(at::kLong)
-                         : (offsets->slice(-1, 1) - offsets->slice(-1, 0, offsets->size(-1) - 1)).to(at::kLong);
+  // Segment bounds [lead..., S + 1]: the offsets, or 0 and the lengths' running sums.
+  at::Tensor bounds;
+  if (by_lengths) {
+    s.lengths = lengths->to(at::kLong);
+    std::vector<int64_t> first = s.lengths.sizes().vec();
+    first.back() = 1;
+    bounds = at::cat({at::zeros(first, s.lengths.options()), at::cumsum(s.lengths, -1)}, -1);
+  } else {
+    bounds = offsets->to(at::kLong);
+    s.lengths = bounds.slice(-1, 1) - bounds.slice(-1, 0, bounds.size(-1) - 1);
+  }
   TORCH_CHECK(s.lengths.dim() == s.axis + 1, "segment_reduce(): Expected ", by_lengths ? "lengths" : "offsets",
               " to have ", s.axis + 1, " dims (the data's before axis and one for the segments), got ", s.lengths.dim());
-  if (!unsafe) {
-    // One host read, as CPU's checks.
-    TORCH_CHECK((s.lengths >= 0).all().item<bool>(), "segment_reduce(): lengths contains negative value!");
+  if (!unsafe && by_lengths) {
+    // One host read, as CPU's checks (it has none for offsets).
+    TORCH_CHECK((s.lengths >= 0).all().item<bool>(), "lengths contains negative value!");
     TORCH_CHECK((s.lengths.sum(-1) == data.size(s.axis)).all().item<bool>(),
                 "segment_reduce(): Expected all rows of lengths along axis to sum to data.size(lengths.dim()-1) when !unsafe.");
   }
@@ -346,11 +355,11 @@ Segments segments_of(const at::Tensor& data, const std::optional<at::Tensor>& le
   std::vector<int64_t> lead(data.sizes().begin(), data.sizes().begin() + s.axis), pos_shape = lead;
   pos_shape.push_back(positions);
   at::Tensor pos = at::arange(positions, s.lengths.options()).expand(pos_shape).contiguous();
-  at::Tensor seg = at::searchsorted(at::cumsum(s.lengths, -1), pos, /*out_int32=*/false, /*right=*/true);
+  at::Tensor seg = at::searchsorted(bounds.contiguous(), pos, /*out_int32=*/false, /*right=*/true) - 1;
   std::vector<int64_t> view = pos_shape;
   view.resize(data.dim(), 1);
-  s.valid = (seg < segments).reshape(view).expand(data.sizes());
-  s.index = seg.clamp_max(std::max<int64_t>(segments - 1, 0)).reshape(view).expand(data.sizes());
+  s.valid = ((seg >= 0) & (seg < segments)).reshape(view).expand(data.sizes());
+  s.index = seg.clamp(0, std::max<int64_t>(segments - 1, 0)).reshape(view).expand(data.sizes());
   s.out_shape = data.sizes().vec();
   s.out_shape[s.axis] = segments;
   return s;
@@ -412,7 +421,8 @@ at::Tensor segment_reduce_backward_fn(const at::Tensor& grad, const at::Tensor& 
   } else {
     // prod: g * output / x, except at zeros and NaNs, whose gradient is the product of the
     // segment's other entries (and initial): that product is the non-special entries' when
-    // x is the only special one, else 0, or NaN when another special entry is NaN.
+    // x is the only special one, else 0 -- or NaN when another special entry is NaN or an
+    // infinity meets the other zero.
     at::Tensor nan = at::isnan(data) & s.valid;
     at::Tensor special = ((data == 0) & s.valid) | nan;
     at::Tensor ones = at::ones({}, data.options());
@@ -422,9 +432,11 @@ at::Tensor segment_reduce_backward_fn(const at::Tensor& grad, const at::Tensor& 
                             .gather(s.axis, s.index);
     at::Tensor specials = zeros.scatter_add(s.axis, s.index, special.to(data.scalar_type())).gather(s.axis, s.index);
     at::Tensor nans = zeros.scatter_add(s.axis, s.index, nan.to(data.scalar_type())).gather(s.axis, s.index);
+    at::Tensor infs = zeros.scatter_add(s.axis, s.index, (at::isinf(data) & s.valid).to(data.scalar_type()))
+                          .gather(s.axis, s.index);
+    at::Tensor undefined = (nans - nan.to(data.scalar_type()) > 0) | (infs > 0);
     at::Tensor exclusive = at::where(specials == 1, others,
-                                     at::where(nans - nan.to(data.scalar_type()) > 0,
-                                               at::scalar_tensor(NAN, data.options()), zero));
+                                     at::where(undefined, at::scalar_tensor(NAN, data.options()), zero));
     gi = at::where(special, g * exclusive, g * o / data);
   }
   return at::where(s.valid, gi, zero);
@@ -1238,15 +1250,23 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_fn(
   Value bag2 = b.broadcast_in_dim(info.offset2bag, {len, dim}, {0});
   Value out, max_idx;
   if (mode == 2) {
-    Value vals = b.select(keep2, gathered, L::lowest(b, acc, {len, dim}));
-    out = L::scatter(b, L::lowest(b, acc, {bags, dim}), 0, bag2, vals, "amax");
+    // CPU's running `>`: a NaN is skipped, unless it is the bag's first entry, which then stays.
+    Value lowest = L::lowest(b, acc, {len, dim});
+    Value vals = b.select(keep2, gathered, lowest);
+    Value numbers = b.select(b.compare(vals, vals, "NE"), lowest, vals);
+    out = L::scatter(b, L::lowest(b, acc, {bags, dim}), 0, bag2, numbers, "max");
+    Value iota = b.iota(DType::S64, {len, dim}, 0), none = b.constant_int(DType::S64, len, {len, dim});
+    Value first_pos = L::scatter(b, b.constant_int(DType::S64, len, {bags, dim}), 0, bag2, b.select(keep2, iota, none), "amin");
+    Value padded_vals = b.concatenate({vals, b.constant(acc, 0, {1, dim})}, 0);
     // The first entry holding each bag's maximum gives max_indices.
     Value is_max = b.binary("and", keep2, b.compare(vals, L::gather(b, out, 0, bag2), "EQ"));
-    Value pos = b.select(is_max, b.iota(DType::S64, {len, dim}, 0), b.constant_int(DType::S64, len, {len, dim}));
-    Value first = L::scatter(b, b.constant_int(DType::S64, len, {bags, dim}), 0, bag2, pos, "amin");
+    Value first = L::scatter(b, b.constant_int(DType::S64, len, {bags, dim}), 0, bag2, b.select(is_max, iota, none), "amin");
     Value idx2 = b.broadcast_in_dim(idx, {len, dim}, {0});
     Value padded_idx = b.concatenate({idx2, b.constant_int(DType::S64, -1, {1, dim})}, 0);
-    max_idx = L::gather(b, padded_idx, 0, first);
+    Value first_val = L::gather(b, padded_vals, 0, first_pos);
+    Value starts_nan = b.compare(first_val, first_val, "NE");
+    out = b.select(starts_nan, first_val, out);
+    max_idx = L::gather(b, padded_idx, 0, b.select(starts_nan, first_pos, first));
     Value empty = b.compare(b.broadcast_in_dim(info.bag_size, {bags, dim}, {0}), b.constant_int(DType::S64, 0, {bags, dim}), "EQ");
     out = b.select(empty, b.constant(acc, 0, {bags, dim}), out);
     max_idx = b.select(empty, b.constant_int(DType::S64, -1, {bags, dim}), max_idx);

@@ -1265,8 +1265,9 @@ MultilabelTerms multilabel_terms(OpBuilder& op, const at::Tensor& self, const at
   // Listed: the positions before the first negative entry (a running product of y >= 0).
   Value nonneg = b.convert(b.compare(y, b.scalar_like(y, 0), "GE"), ir::DType::S64);
   Value listed = b.compare(L::cumulative(b, nonneg, 1, "prod"), b.scalar_like(y, 0), "NE");
-  Value beyond = b.binary("and", listed, b.compare(y, b.scalar_like(y, static_cast<double>(c)), "GE"));
-  op.check_flag(L::any_all(b, b.reshape(beyond, {n * c}), {}, false, false), "argument #2 'target' is out of range");
+  // Every entry, listed or not, in [-1, C), as CPU checks.
+  Value bad = b.binary("or", b.compare(y, b.scalar_like(y, -1), "LT"), b.compare(y, b.scalar_like(y, static_cast<double>(c)), "GE"));
+  op.check_flag(L::any_all(b, b.reshape(bad, {n * c}), {}, false, false), "argument #2 'target' is out of range");
   Value picks = b.binary("and", b.compare(b.broadcast_in_dim(y, sq, {0, 1}), b.iota(ir::DType::S64, sq, 2), "EQ"),
                          b.broadcast_in_dim(listed, sq, {0, 1}));
   Value is_target = b.reduce_simple(picks, b.constant_int(ir::DType::Pred, 0), {1}, "or");

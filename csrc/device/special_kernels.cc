@@ -256,11 +256,17 @@ Tensor& nonzero_static_out(const Tensor& self, int64_t size, int64_t fill_value,
 // bin i when edges[i] <= x < edges[i + 1] (the last bin closed), outside all bins
 // it is dropped; the counts (or summed weights) are one index_add.
 
-void check_histogram_input(const char* name, const Tensor& self, const std::optional<Tensor>& weight) {
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), name, ": input tensor must be floating point, got ",
-              self.scalar_type());
+// samples: the input as histogramdd reads it, [..., D] (histogram's as [N, 1]).
+void check_histogram_input(const char* name, const Tensor& samples, const std::optional<Tensor>& weight) {
+  TORCH_CHECK(at::isFloatingType(samples.scalar_type()), name, ": input tensor must be floating point, got ",
+              samples.scalar_type());
+  TORCH_CHECK(samples.dim() >= 2, "torch.histogramdd: input tensor should have at least 2 dimensions");
   if (weight && weight->defined()) {
-    TORCH_CHECK(weight->scalar_type() == self.scalar_type(), name, ": weight should have the same dtype as input");
+    TORCH_CHECK(weight->scalar_type() == samples.scalar_type(), name, ": weight should have the same dtype as input");
+    auto outer = samples.sizes().slice(0, samples.dim() - 1);
+    TORCH_CHECK(weight->sizes() == outer, "torch.histogramdd: if weight tensor is provided it should have the same shape ",
+                "as the input tensor excluding its innermost dimension, but got input with shape ", samples.sizes(),
+                " and weight with shape ", weight->sizes());
   }
 }
 
@@ -372,18 +378,26 @@ Tensor histogramdd_from_bin_tensors_k(const Tensor& self, at::TensorList bins, c
   return histogram_counts(samples_of(self, dims), edges, weight, density);
 }
 
+// torch.histogram: the flattened input as one-dimensional samples [N, 1], weights flattened too.
+std::optional<Tensor> flat_weight(const std::optional<Tensor>& weight) {
+  return weight && weight->defined() ? std::optional<Tensor>(weight->reshape({-1})) : std::nullopt;
+}
 std::tuple<Tensor, Tensor> histogram_bin_ct(const Tensor& self, int64_t bins, std::optional<at::ArrayRef<double>> range,
                                             const std::optional<Tensor>& weight, bool density) {
-  check_histogram_input("torch.histogram", self, weight);
-  auto edges = histogramdd_edges("torch.histogram", self.reshape({-1, 1}), {bins}, range);
-  return {histogram_counts(self.reshape({-1, 1}), edges, weight, density), edges[0]};
+  Tensor samples = self.reshape({-1, 1});
+  auto w = flat_weight(weight);
+  check_histogram_input("torch.histogram", samples, w);
+  auto edges = histogramdd_edges("torch.histogram", samples, {bins}, range);
+  return {histogram_counts(samples, edges, w, density), edges[0]};
 }
 std::tuple<Tensor, Tensor> histogram_bins_tensor(const Tensor& self, const Tensor& bins, const std::optional<Tensor>& weight,
                                                  bool density) {
-  check_histogram_input("torch.histogram", self, weight);
+  Tensor samples = self.reshape({-1, 1});
+  auto w = flat_weight(weight);
+  check_histogram_input("torch.histogram", samples, w);
   TORCH_CHECK(bins.dim() == 1 && bins.numel() > 0, "torch.histogram: bins tensor should have one dimension and at least 1 element");
   TORCH_CHECK(bins.scalar_type() == self.scalar_type(), "torch.histogram: input tensor and bins tensors should have the same dtype");
-  return {histogram_counts(self.reshape({-1, 1}), {bins}, weight, density), bins.clone()};
+  return {histogram_counts(samples, {bins}, w, density), bins.clone()};
 }
 std::tuple<Tensor&, Tensor&> histogram_bin_ct_out(const Tensor& self, int64_t bins, std::optional<at::ArrayRef<double>> range,
                                                   const std::optional<Tensor>& weight, bool density, Tensor& hist,
@@ -400,66 +414,10 @@ std::tuple<Tensor&, Tensor&> histogram_bins_tensor_out(const Tensor& self, const
   return {hist, bin_edges};
 }
 
-// Unique values of the flattened input: sorted (or consecutive runs, unsorted),
-// with inverse indices and counts. The number of groups is data: one host read
-// of it, then one program for the results.
-std::tuple<Tensor, Tensor, Tensor> unique_flat(const char* name, const Tensor& self, bool sort, bool return_inverse,
-                                               bool return_counts) {
-  int64_t n = self.numel();
-  auto groups = [&](ir::Builder& b, Value flat) -> std::vector<Value> {
-    Value v = flat, perm = b.iota(ir::DType::S64, {n}, 0);
-    if (sort) {
-      auto sv = L::sort_with_indices(b, flat, 0, false);
-      v = sv[0];
-      perm = sv[1];
-    }
-    Value prev = b.concatenate({b.slice_dim(v, 0, 0, 1), b.slice_dim(v, 0, 0, n - 1)}, 0);
-    Value first = b.compare(b.iota(ir::DType::S64, {n}, 0), b.constant_int(ir::DType::S64, 0, {n}), "EQ");
-    Value is_new = b.binary("or", first, b.compare(v, prev, "NE"));
-    Value g = b.binary("subtract", L::cumulative(b, b.convert(is_new, ir::DType::S64), 0, "sum"),
-                       b.constant_int(ir::DType::S64, 1, {n}));
-    return {v, perm, g, is_new};
-  };
-  Tensor empty_long = at::empty({0}, self.options().dtype(at::kLong));
-  if (n == 0) {
-    return {at::empty({0}, self.options()), return_inverse ? at::empty(self.sizes(), self.options().dtype(at::kLong)) : empty_long,
-            return_counts ? empty_long : empty_long};
-  }
-  int64_t u;
-  {
-    OpBuilder count(std::string("aten::") + name);
-    auto& b = count.b();
-    auto gr = groups(b, b.reshape(count.input(self), {n}));
-    Value total = b.reduce_simple(b.convert(gr[3], ir::DType::S64), b.constant_int(ir::DType::S64, 0), {0}, "add");
-    Tensor t = count.output(total, at::kLong);
-    count.run();
-    u = t.item<int64_t>();
-  }
-  OpBuilder op(std::string("aten::") + name);
-  auto& b = op.b();
-  auto gr = groups(b, b.reshape(op.input(self), {n}));
-  Value values = L::scatter(b, b.constant(b.dtype(gr[0]), 0, {u}), 0, gr[2], gr[0], "");
-  std::vector<std::pair<Value, at::ScalarType>> results{{values, self.scalar_type()}};
-  if (return_inverse) {
-    Value inv = L::scatter(b, b.constant_int(ir::DType::S64, 0, {n}), 0, gr[1], gr[2], "");
-    results.push_back({b.reshape(inv, vec(self.sizes())), at::kLong});
-  }
-  if (return_counts) {
-    results.push_back({L::scatter(b, b.constant_int(ir::DType::S64, 0, {u}), 0, gr[2], b.constant_int(ir::DType::S64, 1, {n}), "add"),
-                       at::kLong});
-  }
-  std::vector<Tensor> out;
-  for (auto& [v, t] : results) out.push_back(op.output(v, t));
-  op.run();
-  size_t i = 1;
-  Tensor inverse = return_inverse ? out[i++] : empty_long;
-  Tensor counts = return_counts ? out[i++] : empty_long;
-  return {out[0], inverse, counts};
-}
-
 // Unique slices along `dim` (rows of the input moved to [n, m], compared whole): sorted
 // lexicographically (stable sorts of the row order by each column, last column first) or,
-// without `sort`, consecutive runs; one host read of the group count, as unique_flat.
+// without `sort`, consecutive runs. The number of groups is data: one host read of it,
+// then one program for the results.
 constexpr int64_t kMaxUniqueRowLength = 256;  // longer rows: the CPU kernel (one sort per column here)
 
 std::tuple<Tensor, Tensor, Tensor> unique_rows(const char* name, const Tensor& self, int64_t dim, bool sort,
@@ -528,6 +486,14 @@ std::tuple<Tensor, Tensor, Tensor> unique_rows(const char* name, const Tensor& s
   Tensor inverse = return_inverse ? out[i++] : empty_long;
   Tensor counts = return_counts ? out[i++] : empty_long;
   return {out[0].movedim(0, d).contiguous(), inverse, counts};
+}
+
+// Unique values of the flattened input (its elements as rows of one), sorted or, without
+// `sort`, consecutive runs; the inverse indices take the input's shape.
+std::tuple<Tensor, Tensor, Tensor> unique_flat(const char* name, const Tensor& self, bool sort, bool return_inverse,
+                                               bool return_counts) {
+  auto [values, inverse, counts] = unique_rows(name, self.reshape({-1}), 0, sort, return_inverse, return_counts);
+  return {values, return_inverse ? inverse.reshape(self.sizes()) : inverse, counts};
 }
 
 std::tuple<Tensor, Tensor, Tensor> unique_dim_k(const Tensor& self, int64_t dim, bool sorted, bool return_inverse,

@@ -504,9 +504,11 @@ Value Builder::scatter(Value operand, Value indices, Value updates,
   Builder rb(*region);
   Value old_v = region->param(Type{dtype(operand), {}});
   Value new_v = region->param(Type{dtype(operand), {}});
-  Value combined = combiner.empty() ? new_v : rb.binary(combiner, old_v, new_v);
-  if ((combiner == "stablehlo.maximum" || combiner == "stablehlo.minimum") && is_floating(dtype(operand))) {
-    // NaN wins, as torch's amax/amin (XLA's scatter keeps the other operand).
+  bool nan_wins = combiner == "nan_maximum" || combiner == "nan_minimum";
+  std::string op = nan_wins ? (combiner == "nan_maximum" ? "stablehlo.maximum" : "stablehlo.minimum") : combiner;
+  Value combined = op.empty() ? new_v : rb.binary(op, old_v, new_v);
+  if (nan_wins && is_floating(dtype(operand))) {
+    // XLA's scatter keeps the other operand; here a NaN on either side wins.
     Value nan = rb.binary("or", rb.compare(old_v, old_v, "NE"), rb.compare(new_v, new_v, "NE"));
     combined = rb.select(nan, rb.binary("stablehlo.add", old_v, new_v), combined);
   }

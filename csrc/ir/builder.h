@@ -104,7 +104,8 @@ class Builder {
                const std::vector<int64_t>& collapsed_slice_dims,
                const std::vector<int64_t>& start_index_map, int64_t index_vector_dim,
                const std::vector<int64_t>& slice_sizes, const std::vector<int64_t>& result_dims);
-  // Scatter with combiner op ("" = overwrite, "stablehlo.add" = accumulate).
+  // Scatter with combiner op ("" = overwrite, "stablehlo.add" = accumulate; "nan_maximum" /
+  // "nan_minimum": a NaN on either side wins).
   Value scatter(Value operand, Value indices, Value updates,
                 const std::vector<int64_t>& update_window_dims,
                 const std::vector<int64_t>& inserted_window_dims,

@@ -267,9 +267,10 @@ std::vector<Value> grid_sample_backward(Builder& b, Value grad, Value input, Val
   size_t spatial = s.axes.size();
   int64_t p = b.dims(s.g[0])[1];
   Value g = b.reshape(b.convert(grad, b.dtype(input)), {im.n, im.c, p});
-  // Coordinates and d(coordinate)/d(grid component): the unnormalizing slope, through the padding.
+  // Linear and nearest: padded coordinates and d(coordinate)/d(grid component), the
+  // unnormalizing slope through the padding (bicubic pads each tap instead).
   std::vector<Value> x, scale;
-  for (size_t k = 0; k < spatial; ++k) {
+  for (size_t k = 0; k < spatial && mode != 2; ++k) {
     double slope;
     Value v = unnormalize(b, s.g[k], s.axes[k], &slope);
     Value kx = b.broadcast_to(cst(b, v, slope), b.dims(v));

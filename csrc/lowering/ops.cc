@@ -289,16 +289,21 @@ const std::map<std::string, BinaryFn>& binary_table() {
     };
     t["logaddexp"] = [](Builder& b, Value x, Value y) {
       if (ir::is_complex(b.dtype(x))) {
-        // torch's rule: ordered by real part, log1p(exp(lo - hi)) + hi; NaN anywhere in lo
-        // gives NaN; equal infinite real parts give lo (-inf) or log(exp(lo) + exp(hi)) (+inf).
-        Value lo = b.select(b.compare(b.real(y), b.real(x), "LT"), y, x);
-        Value hi = b.select(b.compare(b.real(y), b.real(x), "LT"), x, y);
+        // torch's rule: ordered by real part (x is lo only when strictly smaller), then
+        // log1p(exp(lo - hi)) + hi; a NaN in either gives NaN; equal infinite real parts
+        // give lo (-inf) or log(exp(lo) + exp(hi)) (+inf).
+        Value x_lower = b.compare(b.real(x), b.real(y), "LT");
+        Value lo = b.select(x_lower, x, y);
+        Value hi = b.select(x_lower, y, x);
         Value r = b.binary("add", b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))), hi);
         Value lr = b.real(lo), hr = b.real(hi);
         Value both_inf = b.binary("and", b.unary("not", b.unary("is_finite", lr)), b.compare(lr, hr, "EQ"));
         Value pos_inf = b.unary("log", b.binary("add", b.unary("exponential", lo), b.unary("exponential", hi)));
         r = b.select(both_inf, b.select(b.compare(lr, b.scalar_like(lr, 0), "LT"), lo, pos_inf), r);
-        Value nan = b.binary("or", b.compare(lr, lr, "NE"), b.compare(b.imag(lo), b.imag(lo), "NE"));
+        auto has_nan = [&](Value z) {
+          return b.binary("or", b.compare(b.real(z), b.real(z), "NE"), b.compare(b.imag(z), b.imag(z), "NE"));
+        };
+        Value nan = b.binary("or", has_nan(x), has_nan(y));
         Value nn = b.complex(b.scalar_like(lr, NAN), b.scalar_like(lr, NAN));
         return b.select(nan, nn, r);
       }
@@ -1057,7 +1062,6 @@ Value polygamma(Builder& b, int64_t n, Value x) {
   Value one = b.scalar_like(x, 1);
   Value one_minus = b.binary("subtract", one, x);
   Value negative = b.compare(x, b.scalar_like(x, 0), "LT");
-  Value at_inf = b.compare(x, b.scalar_like(x, INFINITY), "EQ");
   if (n == 1) {
     // CHLO's trigamma is inaccurate for negative x: reflect as torch does in the input's
     // precision, psi1(x) = pi^2 / sin^2(pi x) - psi1(1 - x).
@@ -1065,7 +1069,7 @@ Value polygamma(Builder& b, int64_t n, Value x) {
     Value reflected = b.binary("subtract", b.binary("divide", b.scalar_like(x, M_PI * M_PI), b.binary("multiply", sin_pi, sin_pi)),
                                b.binary("chlo.polygamma", one, one_minus));
     Value r = b.select(negative, reflected, b.binary("chlo.polygamma", one, x));
-    return b.select(at_inf, b.scalar_like(x, 0), r);
+    return b.select(b.compare(x, b.scalar_like(x, INFINITY), "EQ"), b.scalar_like(x, 0), r);
   }
   // Negative x: psi_n(x) = (-1)^n psi_n(1 - x) - pi^(n+1) cot^(n)(pi x). torch sums zeta's series
   // in double there; in the input's precision only the reflection keeps its accuracy, with
@@ -1260,8 +1264,9 @@ Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const st
   std::string combiner;
   if (reduce == "add" || reduce == "sum") combiner = "stablehlo.add";
   else if (reduce == "mul" || reduce == "multiply" || reduce == "prod") combiner = "stablehlo.multiply";
-  else if (reduce == "amax") combiner = "stablehlo.maximum";
-  else if (reduce == "amin") combiner = "stablehlo.minimum";
+  else if (reduce == "amax") combiner = "nan_maximum";  // torch's scatter_reduce: NaN wins
+  else if (reduce == "amin") combiner = "nan_minimum";
+  else if (reduce == "max") combiner = "stablehlo.maximum";  // a NaN arriving later is kept only by chance
   return b.scatter(x, coords, updates, {}, all, all, rank, combiner);
 }
 

@@ -90,7 +90,8 @@ Value cat(Builder& b, const std::vector<Value>& xs, int64_t dim, DType out);
 Value index_select(Builder& b, Value x, int64_t dim, Value index);
 // out[i][j] = x[i][index[i][j]] along dim (torch.gather).
 Value gather(Builder& b, Value x, int64_t dim, Value index);
-// torch.scatter / scatter_add along dim; reduce "" (overwrite), "add", "mul", "amax", "amin".
+// torch.scatter / scatter_add along dim; reduce "" (overwrite), "add", "mul", "amax", "amin"
+// (NaN-propagating, as scatter_reduce), or "max" (XLA's maximum, as embedding_bag's running `>`).
 Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce);
 // Advanced indexing: x[indices...] where indices[k] (or invalid) index dim k, all
 // broadcast together; the indexed dims must be adjacent or leading (caller permutes).

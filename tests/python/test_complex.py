@@ -310,3 +310,12 @@ def test_inverse_trig_and_logaddexp(dev: torch.device, dtype: torch.dtype) -> No
     edge = torch.tensor([complex(float("-inf"), 1), complex(float("inf"), 0), complex(float("nan"), 0)], dtype=dtype)
     a, b = torch.cat([z[:64], edge]), torch.cat([w, edge])
     assert_close(torch.logaddexp(a.to(dev), b.to(dev)), torch.logaddexp(a, b), equal_nan=True, **_tol(dtype, 16))
+    # Equal real parts: which operand is "lower" decides the branch of the imaginary part, as
+    # does the order in which logcumsumexp combines; a NaN on either side gives NaN.
+    ties_a = torch.tensor([3j, complex(float("-inf"), 0), complex(float("-inf"), float("nan"))], dtype=dtype)
+    ties_b = torch.tensor([-3j, complex(float("-inf"), float("nan")), complex(float("-inf"), 0)], dtype=dtype)
+    assert_close(torch.logaddexp(ties_a.to(dev), ties_b.to(dev)), torch.logaddexp(ties_a, ties_b), **_tol(dtype, 16))
+    run = torch.tensor([3j, -3j, 1 + 2j, 1 - 2j, 1 + 0.5j], dtype=dtype)
+    assert_close(torch.logcumsumexp(run.to(dev), 0), torch.logcumsumexp(run, 0), **_tol(dtype, 16))
+    with pytest.raises(RuntimeError, match="dtype should be complex for complex inputs"):
+        torch.linalg.vector_norm(z.to(dev), dtype=torch.float32)

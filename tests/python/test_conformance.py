@@ -129,16 +129,25 @@ def test_float64_judgement() -> None:
 
     reference = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
     cpu = torch.tensor([1.0, 2.001, 3.0])  # CPU float32 off by 1e-3 at one element
-    assert no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.0]), cpu, reference)  # closer than the CPU
-    assert no_less_accurate_than_cpu(torch.tensor([1.0, 1.999, 3.0]), cpu, reference)  # as far, other side
-    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.003, 3.0]), cpu, reference)  # farther
-    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.001]), cpu, reference)  # off where CPU is exact
+    assert no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.0]), cpu, reference, "cpu")  # closer than the CPU
+    assert no_less_accurate_than_cpu(torch.tensor([1.0, 1.999, 3.0]), cpu, reference, "cpu")  # as far, other side
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.003, 3.0]), cpu, reference, "cpu")  # farther
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.001]), cpu, reference, "cpu")  # off where CPU is exact
     # Integer leaves must still equal the CPU's; structure must match.
     ints = torch.tensor([1, 2])
-    assert not no_less_accurate_than_cpu((cpu, ints + 1), (cpu, ints), (reference, ints))
-    assert not no_less_accurate_than_cpu([cpu], (cpu,), (reference,))
+    assert not no_less_accurate_than_cpu((cpu, ints + 1), (cpu, ints), (reference, ints), "cpu")
+    assert not no_less_accurate_than_cpu([cpu], (cpu,), (reference,), "cpu")
     # A NaN where float64 has a number is never more accurate.
-    assert not no_less_accurate_than_cpu(torch.tensor([1.0, float("nan"), 3.0]), cpu, reference)
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, float("nan"), 3.0]), cpu, reference, "cpu")
+    # Numbers must equal the CPU's; a result on the wrong device never passes.
+    assert not no_less_accurate_than_cpu((cpu, 3), (cpu, 2), (reference, 2), "cpu")
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.0, 3.0]), cpu, reference, "pjrt")
+    # Where CPU float32 overflowed, or is far (> 100 tolerances) from float64, the two runs
+    # compute different things: only the usual comparison with CPU float32 counts.
+    overflow = torch.tensor([1.0, float("inf")])
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 5.0]), overflow, torch.tensor([1.0, 4e38], dtype=torch.float64), "cpu")
+    far = torch.tensor([1.0, 2.5])
+    assert not no_less_accurate_than_cpu(torch.tensor([1.0, 2.0]), far, reference[:2], "cpu")
 
 
 def test_float64_passes_are_counted() -> None:

@@ -489,7 +489,18 @@ def test_multilabel_margin_loss(shape: tuple, reduction: str) -> None:
         (out * w.to(DEV)).sum().backward()
         (ref * w).sum().backward()
         assert_close(xd.grad, xa.grad)
-    with pytest.raises(IndexError, match="'target' is out of range"):
-        F.multilabel_margin_loss(torch.randn(2, 3).to(DEV), torch.tensor([[5, -1, 0], [0, 1, 2]]).to(DEV))
-        torch_pjrt.synchronize()
+    for target in ([[5, -1, 0], [0, 1, 2]], [[0, -2, 1], [0, 1, 2]]):  # every entry in [-1, C), as CPU checks
+        with pytest.raises(IndexError, match="'target' is out of range"):
+            F.multilabel_margin_loss(torch.randn(2, 3).to(DEV), torch.tensor(target).to(DEV))
+            torch_pjrt.synchronize()
 
+
+
+def test_embedding_bag_max_keeps_cpu_nan_rule() -> None:
+    # CPU's running `>` keeps a NaN only when it comes first in the bag.
+    weight = torch.tensor([[1.0], [float("nan")], [3.0]])
+    for order in ([0, 1, 2], [1, 0, 2]):
+        idx, offsets = torch.tensor(order), torch.tensor([0])
+        with torch_pjrt.fallback_mode("error"):
+            out = F.embedding_bag(idx.to(DEV), weight.to(DEV), offsets.to(DEV), mode="max")
+        assert_close(out, F.embedding_bag(idx, weight, offsets, mode="max"))

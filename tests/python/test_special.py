@@ -153,7 +153,7 @@ def test_polygamma_across_poles(dev: torch.device, n: int) -> None:
     # torch's float32 kernels are themselves inexact here (n = 1 reflects in float32, the others
     # sum zeta's series): at least as close to the float64 result as CPU float32 is, within
     # float32 tolerances, and the same infinities and NaNs.
-    assert no_less_accurate_than_cpu(out, cpu, torch.polygamma(n, x.double()))
+    assert no_less_accurate_than_cpu(out, cpu, torch.polygamma(n, x.double()), "cpu")
     special = ~torch.isfinite(cpu)
     assert torch.equal(out[special].nan_to_num(), cpu[special].nan_to_num())
 
@@ -167,7 +167,7 @@ def test_hurwitz_zeta_negative_q_and_poles(dev: torch.device) -> None:
         s = torch.full_like(q, s_value)
         out = torch.special.zeta(s.to(dev), q.to(dev)).cpu()
         cpu = torch.special.zeta(s, q)
-        assert no_less_accurate_than_cpu(out, cpu, torch.special.zeta(s.double(), q.double())), s_value
+        assert no_less_accurate_than_cpu(out, cpu, torch.special.zeta(s.double(), q.double()), "cpu"), s_value
         special = ~torch.isfinite(cpu)
         assert torch.equal(out[special].nan_to_num(), cpu[special].nan_to_num()), s_value
 
@@ -207,7 +207,9 @@ def test_histogram_and_histogramdd(dev: torch.device, density: bool) -> None:
         for e_out, e_ref in zip(out.bin_edges, ref.bin_edges):
             assert_close(e_out, e_ref)
     for bad in (lambda d: torch.histogram(torch.tensor([0.0, float("inf")], device=d), 3),
-                lambda d: torch.histogram(torch.tensor([0.0, 1.0], device=d), 3, range=(2.0, 1.0))):
+                lambda d: torch.histogram(torch.tensor([0.0, 1.0], device=d), 3, range=(2.0, 1.0)),
+                lambda d: torch.histogram(torch.randn(5, device=d), 3, weight=torch.rand(4, device=d)),
+                lambda d: torch.histogramdd(torch.randn(5, device=d), bins=[3])):
         with pytest.raises(RuntimeError) as cpu_error:
             bad("cpu")
         with pytest.raises(RuntimeError) as dev_error:
@@ -245,6 +247,10 @@ def test_segment_reduce_checks_like_cpu(dev: torch.device) -> None:
         with pytest.raises(RuntimeError) as dev_error:
             bad(dev)
         assert str(dev_error.value).split("\n")[0] == str(cpu_error.value).split("\n")[0]
+    # Offsets need not start at 0 (nor are they checked, as on CPU).
+    offsets = torch.tensor([1, 3, 5])
+    assert_close(torch.segment_reduce(torch.arange(6.0).to(dev), "sum", offsets=offsets.to(dev)),
+                 torch.segment_reduce(torch.arange(6.0), "sum", offsets=offsets))
     # unsafe: lengths that fall short leave the rest out, as on CPU.
     short = torch.tensor([1, 1])
     assert_close(torch.segment_reduce(torch.arange(5.0).to(dev), "sum", lengths=short.to(dev), unsafe=True),
