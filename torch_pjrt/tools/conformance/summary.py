@@ -35,11 +35,13 @@ STATUS_DEFINITIONS: dict[str, str] = {
 
 OUTCOME_DEFINITIONS: dict[str, str] = {
     PASS: "ran on pjrt and matched the CPU result (values within tolerance, shapes, dtypes, structure; "
-          "properties only for random ops). A float32 (complex64) result beyond the tolerance of the CPU's "
-          "float32 one also passes where, element by element, it is at least as close to the CPU's result "
+          "properties only for random ops). A float32 (complex64) result whose values miss the CPU's "
+          "float32 ones also passes where, element by element, it is at least as close to the CPU's result "
           "on float64 (complex128) copies of the inputs as the CPU's float32 result is, within the same "
-          "tolerance; such passes are listed among the problems with their mismatch and counted in the "
-          "headline (judged_by_float64).",
+          "tolerance; this judges only elements where both CPU results are finite and within 100 "
+          "tolerances of each other, and never ops defined by their dtype (settings.NOT_JUDGED_BY_FLOAT64). "
+          "Such passes are listed among the problems with their mismatch and counted in the headline "
+          "(judged_by_float64).",
     FAIL: "ran on pjrt, but the result differs from the CPU result",
     ERROR: "raised on pjrt (including deferred errors surfaced at the next synchronization) "
            "while the CPU reference ran",
