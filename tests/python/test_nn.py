@@ -343,50 +343,42 @@ def test_rrelu() -> None:
     torch.testing.assert_close(gc[xc < 0], slope)
 
 
-@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
-@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
-@pytest.mark.parametrize("align_corners", [False, True])
-def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
-    # Grid points reach outside [-1, 1] so every padding rule is exercised.
-    gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 3, 5, 7, dtype=torch.float64, generator=gen)
-    grid = torch.rand(2, 4, 6, 2, dtype=torch.float64, generator=gen) * 2.4 - 1.2
+def _grid_sample_against_float64(dev, x_shape, grid_shape, seed, **kw):
+    # Grid points reach outside [-1, 1] so every padding rule is exercised; forward and
+    # backward with the CPU fallback forbidden, against float64. Returns the device input.
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(*x_shape, dtype=torch.float64, generator=gen)
+    grid = torch.rand(*grid_shape, dtype=torch.float64, generator=gen) * 2.4 - 1.2
     ref_x, ref_g = x.clone().requires_grad_(), grid.clone().requires_grad_()
     dx, dg = x.float().to(dev).requires_grad_(), grid.float().to(dev).requires_grad_()
-    kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
     with torch_pjrt.fallback_mode("error"):
         y = torch.nn.functional.grid_sample(dx, dg, **kw)
         w = torch.randn(y.shape, dtype=torch.float64, generator=gen)
         (y * w.float().to(dev)).sum().backward()
     ref = torch.nn.functional.grid_sample(ref_x, ref_g, **kw)
     (ref * w).sum().backward()
-    # Sixteen taps at most, each a float32 product: a few ulps of the largest value.
+    # Sixteen taps at most (eight in 3-d), each a float32 product: a few ulps of the largest value.
     torch.testing.assert_close(y.cpu(), ref.float().detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dx.grad.cpu(), ref_x.grad.float(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(dg.grad.cpu(), ref_g.grad.float(), rtol=1e-4, atol=1e-4 * ref_g.grad.abs().max().item())
+    return dx, dg
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest", "bicubic"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align_corners", [False, True])
+def test_grid_sample_matches_cpu(dev, mode, padding_mode, align_corners):
+    _grid_sample_against_float64(dev, (2, 3, 5, 7), (2, 4, 6, 2), 0, mode=mode, padding_mode=padding_mode,
+                                 align_corners=align_corners)
 
 
 @pytest.mark.parametrize("mode", ["bilinear", "nearest"])
 @pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
 @pytest.mark.parametrize("align_corners", [False, True])
 def test_grid_sample_3d_matches_cpu(dev, mode, padding_mode, align_corners):
-    # Volumes (5-d inputs): trilinear or nearest, natively, forward and backward, against float64.
-    gen = torch.Generator().manual_seed(1)
-    x = torch.randn(2, 3, 4, 5, 6, dtype=torch.float64, generator=gen)
-    grid = torch.rand(2, 3, 4, 5, 3, dtype=torch.float64, generator=gen) * 2.4 - 1.2
-    ref_x, ref_g = x.clone().requires_grad_(), grid.clone().requires_grad_()
-    dx, dg = x.float().to(dev).requires_grad_(), grid.float().to(dev).requires_grad_()
-    kw = dict(mode=mode, padding_mode=padding_mode, align_corners=align_corners)
-    with torch_pjrt.fallback_mode("error"):
-        y = torch.nn.functional.grid_sample(dx, dg, **kw)
-        w = torch.randn(y.shape, dtype=torch.float64, generator=gen)
-        (y * w.float().to(dev)).sum().backward()
-    ref = torch.nn.functional.grid_sample(ref_x, ref_g, **kw)
-    (ref * w).sum().backward()
-    # Eight taps at most, each a float32 product: a few ulps of the largest value.
-    torch.testing.assert_close(y.cpu(), ref.float().detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dx.grad.cpu(), ref_x.grad.float(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(dg.grad.cpu(), ref_g.grad.float(), rtol=1e-4, atol=1e-4 * ref_g.grad.abs().max().item())
+    # Volumes (5-d inputs): trilinear or nearest.
+    dx, dg = _grid_sample_against_float64(dev, (2, 3, 4, 5, 6), (2, 3, 4, 5, 3), 1, mode=mode,
+                                          padding_mode=padding_mode, align_corners=align_corners)
     with pytest.raises(RuntimeError, match="bicubic interpolation only supports 4D input"):
         torch.nn.functional.grid_sample(dx, dg, mode="bicubic")
 
