@@ -41,7 +41,8 @@ def configure_from_env() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     choice = _plugins.choose_plugin()
     devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
-    _C._configure(choice.path, devices if choice.name == "cpu" else 0, cache_dir_from_env(), choice.hint)
+    _C._configure(choice.path, devices if _plugins.is_cpu(choice) else 0, cache_dir_from_env(), choice.hint,
+                  list(choice.compile_overrides.items()))
     mode = os.environ.get("TORCH_PJRT_EAGER_MODE", "strict").strip().lower() or "strict"
     if mode not in ("strict", "fused", "debug"):
         raise ValueError(f"torch_pjrt: TORCH_PJRT_EAGER_MODE must be strict, fused or debug, got {mode!r}")

@@ -1,14 +1,55 @@
-"""Finding a PJRT plugin: TORCH_PJRT_PLUGIN names one (cpu, cuda, tpu or a path)."""
+"""Finding a PJRT plugin: TORCH_PJRT_PLUGIN names one (cpu, a CPU plugin's package, cuda, tpu or a path).
+
+XLA's CPU plugin comes from several PyPI packages, built from different XLA
+versions. `cpu` is the one the project pins (see DEFAULT_CPU_PLUGIN and the
+README for why); the others stay selectable by their package name, so a team
+can qualify and benchmark them (`python -m torch_pjrt.qualify --plugin NAME`).
+
+TORCH_PJRT_XLA_OPTIONS sets XLA DebugOptions fields for every compile
+(`name=value,...`, e.g. `xla_cpu_use_xnnpack=false`), on top of a plugin's own
+settings; they are part of the compile cache's key.
+"""
 
 from __future__ import annotations
 
 import glob
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+OverrideValue = bool | int | float | str
+
+
+@dataclass(frozen=True)
+class CpuPluginPackage:
+    """A PyPI package that carries XLA's CPU PJRT plugin."""
+
+    name: str  # the PyPI name, also its TORCH_PJRT_PLUGIN name
+    module: str  # the Python package holding the .so
+    library: str  # glob of the .so inside it
+    pip: str  # pinned install spec
+    origin: str  # where the binary comes from
+
+
+CPU_PLUGINS: dict[str, CpuPluginPackage] = {
+    p.name: p
+    for p in (
+        CpuPluginPackage("lammps-jax-pjrt-cpu", "lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so",
+                         "lammps-jax-pjrt-cpu==0.11.2",
+                         "XLA of jaxlib 0.11.2 (PJRT C API 0.115), built by the lammps-jax project"),
+        CpuPluginPackage("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "*.so", "xla-cpu-pjrt==0.0.1",
+                         "OpenXLA's CPU plugin of late 2025 (PJRT C API 0.81); also carries pjrt_c_api.h"),
+        CpuPluginPackage("fastatomstruct-xla-cpu", "fastatomstruct_xla_cpu", "libpjrt_cpu.so",
+                         "fastatomstruct-xla-cpu==2026.6.23",
+                         "zml/pjrt-artifacts build manual-2026-06-23 of XLA's CPU plugin"),
+    )
+}
+# Chosen by measurement (README, "Which CPU plugin"): xla-cpu-pjrt 0.0.1 computes
+# float32 dots wrong after an in-place update on AMD Zen CPUs (XNNPACK reuses
+# weights it packed, keyed by buffer address).
+DEFAULT_CPU_PLUGIN = "lammps-jax-pjrt-cpu"
 
 INSTALL_HINTS = {
-    "cpu": "install the XLA CPU plugin: pip install xla-cpu-pjrt==0.0.1",
     "cuda": "install XLA's CUDA plugin, e.g. pip install jax-cuda13-pjrt (or jax-cuda12-pjrt)",
     "tpu": "install libtpu (pip install libtpu) on a TPU VM",
 }
@@ -16,9 +57,10 @@ INSTALL_HINTS = {
 
 @dataclass
 class PluginChoice:
-    name: str
+    name: str  # cpu, a CPU plugin package's name, cuda, tpu or path
     path: str  # "" when nothing was found
     hint: str
+    compile_overrides: dict[str, OverrideValue] = field(default_factory=dict)
 
 
 def _package_dir(module: str) -> str | None:
@@ -39,9 +81,11 @@ def _first(patterns: list[str]) -> str:
     return ""
 
 
-def _cpu() -> str:
-    d = _package_dir("xla_plugins.xla_cpu_pjrt")
-    return _first([os.path.join(d, "*.so")]) if d else ""
+def cpu_plugin_path(name: str) -> str:
+    """The installed .so of a CPU plugin package ("" when not installed)."""
+    package = CPU_PLUGINS[name]
+    d = _package_dir(package.module)
+    return _first([os.path.join(d, package.library)]) if d else ""
 
 
 def _cuda() -> str:
@@ -59,15 +103,48 @@ def _tpu() -> str:
     return _first([os.path.join(d, "libtpu.so")]) if d else ""
 
 
+def parse_xla_options(text: str) -> dict[str, OverrideValue]:
+    """`name=value,...` -> {name: value}: true/false are booleans, then integers, floats, strings."""
+    options: dict[str, OverrideValue] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, raw = item.partition("=")
+        name, raw = name.strip().lstrip("-"), raw.strip()
+        if not sep or not name:
+            raise ValueError(f"TORCH_PJRT_XLA_OPTIONS: expected name=value, got {item!r}")
+        value: OverrideValue
+        if raw.lower() in ("true", "false"):
+            value = raw.lower() == "true"
+        else:
+            try:
+                value = int(raw)
+            except ValueError:
+                try:
+                    value = float(raw)
+                except ValueError:
+                    value = raw
+        options[name] = value
+    return options
+
+
 def choose_plugin() -> PluginChoice:
     """Resolves TORCH_PJRT_PLUGIN (default: cpu) to a plugin file, without loading it."""
     wanted = os.environ.get("TORCH_PJRT_PLUGIN", "cpu").strip() or "cpu"
-    finders = {"cpu": _cpu, "cuda": _cuda, "gpu": _cuda, "tpu": _tpu}
-    if wanted in finders:
-        name = "cuda" if wanted == "gpu" else wanted
-        return PluginChoice(name, finders[wanted](), INSTALL_HINTS[name])
+    overrides = parse_xla_options(os.environ.get("TORCH_PJRT_XLA_OPTIONS", ""))
+    cpu_name = DEFAULT_CPU_PLUGIN if wanted == "cpu" else wanted
+    if cpu_name in CPU_PLUGINS:
+        package = CPU_PLUGINS[cpu_name]
+        return PluginChoice(wanted, cpu_plugin_path(cpu_name),
+                            f"install the XLA CPU plugin: pip install {package.pip}", overrides)
+    if wanted in ("cuda", "gpu"):
+        return PluginChoice("cuda", _cuda(), INSTALL_HINTS["cuda"], overrides)
+    if wanted == "tpu":
+        return PluginChoice("tpu", _tpu(), INSTALL_HINTS["tpu"], overrides)
     if os.path.isfile(wanted):
-        return PluginChoice("path", os.path.abspath(wanted), "")
-    return PluginChoice(
-        "path", "", f"TORCH_PJRT_PLUGIN={wanted!r} is neither cpu/cuda/tpu nor an existing plugin file"
-    )
+        return PluginChoice("path", os.path.abspath(wanted), "", overrides)
+    names = ", ".join(["cpu", *CPU_PLUGINS, "cuda", "tpu"])
+    return PluginChoice("path", "", f"TORCH_PJRT_PLUGIN={wanted!r} is neither one of {names} nor an existing "
+                        "plugin file", overrides)
+
+
+def is_cpu(choice: PluginChoice) -> bool:
+    return choice.name == "cpu" or choice.name in CPU_PLUGINS

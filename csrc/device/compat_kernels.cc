@@ -347,8 +347,13 @@ void fused_adam_impl(bool adamw, at::TensorList params, at::TensorList grads, at
     m = b.binary("add", b.binary("multiply", m, c(m, beta1)), b.binary("multiply", g, c(g, 1 - beta1)));
     v = b.binary("add", b.binary("multiply", v, c(v, beta2)), b.binary("multiply", b.binary("multiply", g, g), c(g, 1 - beta2)));
     Value step = b.convert(b.reshape(op.input(steps[i]), {}), dt);
-    Value bc1 = b.binary("subtract", b.constant(dt, 1), b.binary("power", b.constant(dt, beta1), step));
-    Value bc2 = b.binary("subtract", b.constant(dt, 1), b.binary("power", b.constant(dt, beta2), step));
+    // 1 - beta^step as -expm1(step * log(beta)), log taken on the host in double: 1 - pow
+    // of a beta rounded to float32 cancels (beta2 = 0.999 loses 4 of float32's 7 digits),
+    // and CPU's kernel computes the correction in double.
+    auto bias_correction = [&](double beta) {
+      return b.unary("negate", b.unary("exponential_minus_one", b.binary("multiply", step, b.constant(dt, std::log(beta)))));
+    };
+    Value bc1 = bias_correction(beta1), bc2 = bias_correction(beta2);
     Value step_size = b.broadcast_to(b.binary("divide", b.constant(dt, lr), bc1), b.dims(p));
     Value bc2_sqrt = b.broadcast_to(b.unary("sqrt", bc2), b.dims(p));
     Value second = v;

@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <mutex>
 #include <numeric>
@@ -114,6 +115,7 @@ namespace {
 struct RuntimeConfig {
   std::string plugin_path, cache_dir, missing_message;
   int64_t cpu_device_count = 0;
+  std::vector<runtime::CompileOverride> compile_overrides;
   bool configured = false;
 };
 RuntimeConfig& config() {
@@ -127,14 +129,10 @@ std::mutex& init_mutex() {
 }  // namespace
 
 void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
-                       const std::string& missing_message) {
+                       const std::string& missing_message,
+                       const std::vector<runtime::CompileOverride>& compile_overrides) {
   std::lock_guard<std::mutex> lock(init_mutex());
-  config() = RuntimeConfig{plugin_path, cache_dir, missing_message, cpu_device_count, true};
-}
-
-void init_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir) {
-  configure_runtime(plugin_path, cpu_device_count, cache_dir, "");
-  rt();
+  config() = RuntimeConfig{plugin_path, cache_dir, missing_message, cpu_device_count, compile_overrides, true};
 }
 
 bool runtime_ready() { return runtime_slot() != nullptr; }
@@ -149,7 +147,7 @@ executor::Runtime& rt() {
   std::vector<runtime::ClientOption> options;
   if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
   try {
-    runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir);
+    runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides);
   } catch (const runtime::PjrtError& e) {
     TORCH_CHECK(false, "pjrt: could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
                 c.missing_message);
@@ -876,6 +874,58 @@ void OpBuilder::check_flag(Value flag, const std::string& message) {
   flags_.emplace_back(builder_.reshape(builder_.convert(flag, DType::Pred), {}), message);
 }
 
+namespace {
+// Debug mode's verdict on one op, a u8 of these bits.
+constexpr uint8_t kProducedNaN = 1;
+constexpr uint8_t kProducedInf = 2;
+
+// True (i1[]) when `test` holds for any element of v.
+Value any_element(ir::Builder& b, Value v, const std::string& test) {
+  Value hits;
+  if (test == "nan") {
+    hits = b.compare(v, v, "NE");
+  } else if (test == "inf") {
+    hits = b.compare(b.unary("abs", v), b.constant(b.dtype(v), INFINITY), "EQ");
+  } else {
+    hits = b.unary("not", b.unary("is_finite", v));
+  }
+  int64_t n = b.type(hits).numel();
+  return b.reduce_simple(b.reshape(hits, {n}), b.constant_int(DType::Pred, 0), {0}, "or");
+}
+}  // namespace
+
+Value OpBuilder::nonfinite_code() {
+  // NaN is never an intended result, so any NaN an op leaves is flagged. Inf
+  // is: -inf fills masked attention scores, and sums, maxima and exps of
+  // them stay infinite. So an Inf is flagged only when the op made it from
+  // finite values (every floating input, scalars included, was finite): an
+  // overflow or a division by zero, the first op where a blow-up shows.
+  auto is_checked = [&](Value v) {
+    return ir::is_floating(builder_.dtype(v)) && builder_.type(v).numel() > 0;
+  };
+  std::vector<Value> results;
+  for (auto& o : outputs_) results.push_back(o.second);
+  for (auto& s : slots_) {
+    if (s.written) results.push_back(s.flat);
+  }
+  auto combine = [&](Value acc, Value v) { return acc.valid() ? builder_.binary("or", acc, v) : v; };
+  Value nan, inf, inputs_nonfinite;
+  for (Value r : results) {
+    if (!is_checked(r)) continue;
+    nan = combine(nan, any_element(builder_, r, "nan"));
+    inf = combine(inf, any_element(builder_, r, "inf"));
+  }
+  if (!nan.valid()) return Value{};
+  for (int node : frag_.graph.params()) {
+    Value p{node, 0};
+    if (is_checked(p)) inputs_nonfinite = combine(inputs_nonfinite, any_element(builder_, p, "nonfinite"));
+  }
+  Value new_inf = inputs_nonfinite.valid() ? builder_.binary("and", inf, builder_.unary("not", inputs_nonfinite)) : inf;
+  Value u8_zero = builder_.constant_int(DType::U8, 0);
+  return builder_.binary("or", builder_.select(nan, builder_.constant_int(DType::U8, kProducedNaN), u8_zero),
+                         builder_.select(new_inf, builder_.constant_int(DType::U8, kProducedInf), u8_zero));
+}
+
 void OpBuilder::run() {
   if (device_ < 0) device_ = 0;
   for (const auto& p : scalars_) frag_.params[p.param].buffer = device_scalar(device_, p.dtype, &p.bits);
@@ -902,17 +952,7 @@ void OpBuilder::run() {
     frag_.results.emplace_back(s.state, nv);
   }
   for (auto& f : flags_) frag_.flags.push_back({f.first, f.second});
-  if (debug) {
-    Value nonfinite;
-    for (auto& o : outputs_) {
-      if (!ir::is_floating(builder_.dtype(o.second)) || builder_.type(o.second).numel() == 0) continue;
-      Value f = builder_.unary("not", builder_.unary("is_finite", o.second));
-      int64_t n = builder_.type(f).numel();
-      Value any = builder_.reduce_simple(builder_.reshape(f, {n}), builder_.constant_int(DType::Pred, 0), {0}, "or");
-      nonfinite = nonfinite.valid() ? builder_.binary("or", nonfinite, any) : any;
-    }
-    frag_.nonfinite = nonfinite;
-  }
+  if (debug) frag_.nonfinite = nonfinite_code();
   frag_.record.op = op_;
   if (mode == EagerMode::Fused && !t_capturing) {
     if (FrameCapture capture = g_frame_capture.load(std::memory_order_relaxed)) frag_.record.where = capture();
@@ -928,14 +968,16 @@ void OpBuilder::run() {
   }
   if (!debug) return;
   for (auto& c : checks) {
-    bool bad = false;
+    uint8_t bad = 0;
     try {
       c.flag->to_host(&bad, 1);
     } catch (const runtime::PjrtError& e) {
       rethrow(e, op_);
     }
     if (c.nonfinite) {
-      TORCH_CHECK(!bad, "pjrt debug mode: ", op_, " produced NaN or Inf");
+      TORCH_CHECK(!(bad & kProducedNaN), "pjrt debug mode: ", op_, " produced NaN");
+      TORCH_CHECK(!(bad & kProducedInf), "pjrt debug mode: ", op_,
+                  " produced Inf from finite inputs (an overflow or a division by zero)");
     } else {
       TORCH_CHECK_INDEX(!bad, "pjrt: ", c.message);
     }

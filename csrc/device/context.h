@@ -32,9 +32,10 @@ StorageState* state_of(const c10::Storage& s);
 c10::DataPtr readdress(StorageState* st, size_t new_nbytes);
 
 // Process-wide runtime: configured by torch_pjrt at import, started on first use.
+// `compile_overrides`: XLA DebugOptions fields set for every compile.
 void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
-                       const std::string& missing_message);
-void init_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir);
+                       const std::string& missing_message,
+                       const std::vector<runtime::CompileOverride>& compile_overrides);
 bool runtime_ready();
 executor::Runtime& rt();
 int device_count_or_zero() noexcept;
@@ -161,6 +162,9 @@ class OpBuilder {
   ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);
   ir::Value element_offsets(const at::Tensor& t);
   int device_for(const at::Tensor& t);
+  // Debug mode: u8[] of kProducedNaN / kProducedInf bits for the op's results
+  // (invalid when nothing floating is produced).
+  ir::Value nonfinite_code();
 
   std::string op_;
   int64_t layout_rank_ = -1;

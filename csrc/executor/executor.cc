@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -180,15 +181,23 @@ void DiskCache::store(const std::string& key, const std::string& payload) const 
 // ---------------------------------------------------------------- runtime
 
 Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
-                 std::string cache_dir)
+                 std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides)
     : disk_(std::move(cache_dir)) {
   auto api = runtime::Api::load(plugin_path);
-  client_ = std::make_unique<runtime::Client>(api, options);
+  client_ = std::make_unique<runtime::Client>(api, options, compile_overrides);
   std::ostringstream id;
-  id << "plugin=" << plugin_path << ";api=" << api->major_version() << "." << api->minor_version()
+  id << "plugin=" << plugin_path;
+  // The build: a reinstalled or rebuilt plugin at the same path is another plugin.
+  struct stat st{};
+  if (::stat(plugin_path.c_str(), &st) == 0) {
+    id << ";size=" << st.st_size << ";mtime=" << st.st_mtim.tv_sec << "." << st.st_mtim.tv_nsec;
+  }
+  id << ";api=" << api->major_version() << "." << api->minor_version()
      << ";platform=" << client_->platform_name() << " " << client_->platform_version() << ";";
   for (const auto& a : api->attributes()) id << a << ";";
-  id << "options=" << hex64(ir::fnv1a(runtime::Client::compile_options())) << ";";
+  id << "options=" << hex64(ir::fnv1a(client_->compile_options())) << ";";
+  const char* xla_flags = std::getenv("XLA_FLAGS");
+  id << "xla_flags=" << (xla_flags ? xla_flags : "") << ";";
   id << "cpu=" << hex64(ir::fnv1a(host_cpu_features()));
   identity_ = id.str();
 }

@@ -73,7 +73,7 @@ std::string host_cpu_features();
 class Runtime {
  public:
   Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
-          std::string cache_dir);
+          std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides = {});
   ~Runtime();
 
   runtime::Client& client() { return *client_; }
@@ -86,7 +86,10 @@ class Runtime {
   std::shared_ptr<runtime::LoadedExecutable> get_executable(const ir::Key& key,
                                                            const std::function<std::string()>& mlir,
                                                            const std::function<std::string()>& op);
-  // Identity of plugin + version + compile options + CPU: part of every disk key.
+  // Identity of the plugin (path, file size and time, API version, platform,
+  // attributes), the compile options and XLA_FLAGS (both change the code
+  // generated) and the CPU: part of every disk key, so an executable compiled
+  // by one plugin or flag set is never loaded by another.
   const std::string& identity() const { return identity_; }
   DiskCache& disk_cache() { return disk_; }
   void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir); }

@@ -142,7 +142,16 @@ const std::string* capture_user_frame() {
 PYBIND11_MODULE(_C, mod) {
   device::register_hooks();
 
-  mod.def("_configure", &device::configure_runtime);
+  mod.def("_configure", [](const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
+                           const std::string& missing_message,
+                           const std::vector<std::pair<std::string, std::variant<bool, int64_t, double, std::string>>>&
+                               compile_overrides) {
+    std::vector<runtime::CompileOverride> overrides;
+    for (const auto& [name, value] : compile_overrides) overrides.push_back({name, value});
+    device::configure_runtime(plugin_path, cpu_device_count, cache_dir, missing_message, overrides);
+  });
+  mod.def("_compile_options", [] { return py::bytes(device::rt().client().compile_options()); });
+  mod.def("_cache_identity", [] { return device::rt().identity(); });
   mod.def("_init", [] {
     py::gil_scoped_release no_gil;
     device::rt();

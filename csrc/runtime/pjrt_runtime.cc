@@ -415,8 +415,9 @@ std::string LoadedExecutable::serialize() const {
 
 // ---------------------------------------------------------------- Client
 
-Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options)
-    : api_(std::move(api)) {
+Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options,
+               const std::vector<CompileOverride>& compile_overrides)
+    : api_(std::move(api)), compile_options_(encode_compile_options(compile_overrides)) {
   std::vector<PJRT_NamedValue> named(options.size());
   for (size_t i = 0; i < options.size(); ++i) {
     std::memset(&named[i], 0, sizeof(PJRT_NamedValue));
@@ -485,12 +486,65 @@ std::unique_ptr<Buffer> Client::buffer_from_host(const void* data, ElementType t
   return buffer;
 }
 
-const std::string& Client::compile_options() {
-  // xla.CompileOptionsProto: compile_portable_executable (4) = true,
+namespace {
+// Protocol buffer wire format, just what CompileOptionsProto needs.
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7f) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+void put_tag(std::string& out, int field, int wire_type) { put_varint(out, (field << 3) | wire_type); }
+void put_bytes(std::string& out, int field, const std::string& bytes) {
+  put_tag(out, field, 2);
+  put_varint(out, bytes.size());
+  out += bytes;
+}
+
+// xla.OptionOverrideProto: string_field (1), bool_field (2), int_field (3), double_field (4).
+std::string encode_override_value(const CompileOverride& o) {
+  std::string v;
+  if (const bool* b = std::get_if<bool>(&o.value)) {
+    put_tag(v, 2, 0);
+    put_varint(v, *b ? 1 : 0);
+  } else if (const int64_t* i = std::get_if<int64_t>(&o.value)) {
+    put_tag(v, 3, 0);
+    put_varint(v, static_cast<uint64_t>(*i));
+  } else if (const double* d = std::get_if<double>(&o.value)) {
+    put_tag(v, 4, 1);
+    uint64_t bits;
+    std::memcpy(&bits, d, sizeof(bits));
+    for (int k = 0; k < 8; ++k) v.push_back(static_cast<char>((bits >> (8 * k)) & 0xff));
+  } else {
+    put_bytes(v, 1, std::get<std::string>(o.value));
+  }
+  return v;
+}
+}  // namespace
+
+std::string encode_compile_options(const std::vector<CompileOverride>& overrides) {
+  std::string out;
   // executable_build_options (3) { num_replicas (4) = 1, num_partitions (5) = 1 }.
-  // Portable executables run on whichever device Execute names.
-  static const std::string bytes("\x20\x01\x1a\x04\x20\x01\x28\x01", 8);
-  return bytes;
+  std::string build;
+  put_tag(build, 4, 0);
+  put_varint(build, 1);
+  put_tag(build, 5, 0);
+  put_varint(build, 1);
+  put_bytes(out, 3, build);
+  // compile_portable_executable (4) = true: the executable runs on whichever
+  // device Execute names.
+  put_tag(out, 4, 0);
+  put_varint(out, 1);
+  // env_option_overrides (7): map<string, OptionOverrideProto>, one entry
+  // message { key (1), value (2) } each.
+  for (const auto& o : overrides) {
+    std::string entry;
+    put_bytes(entry, 1, o.name);
+    put_bytes(entry, 2, encode_override_value(o));
+    put_bytes(out, 7, entry);
+  }
+  return out;
 }
 
 std::unique_ptr<LoadedExecutable> Client::compile(const std::string& mlir) const {

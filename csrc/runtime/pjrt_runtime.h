@@ -9,6 +9,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "pjrt_c_api.h"
@@ -169,9 +170,22 @@ struct ClientOption {
   int64_t value;
 };
 
+// One XLA DebugOptions field set for every compile, by name
+// ("xla_cpu_use_xnnpack" = false): sent as CompileOptionsProto's
+// env_option_overrides, which the plugin applies on top of its own defaults
+// and XLA_FLAGS (a DebugOptions message would replace all of them by zeros).
+struct CompileOverride {
+  std::string name;
+  std::variant<bool, int64_t, double, std::string> value;
+};
+// xla.CompileOptionsProto bytes: a portable executable for 1 replica and 1
+// partition, plus the overrides (in the given order).
+std::string encode_compile_options(const std::vector<CompileOverride>& overrides);
+
 class Client {
  public:
-  Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options);
+  Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options,
+         const std::vector<CompileOverride>& compile_overrides = {});
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -191,12 +205,13 @@ class Client {
   std::unique_ptr<LoadedExecutable> compile(const std::string& mlir) const;
   std::unique_ptr<LoadedExecutable> deserialize(const std::string& bytes) const;
   // Bytes of the CompileOptionsProto used for every compile (part of cache keys).
-  static const std::string& compile_options();
+  const std::string& compile_options() const { return compile_options_; }
 
  private:
   std::shared_ptr<const Api> api_;
   PJRT_Client* client_ = nullptr;
   std::vector<Device> devices_;
+  std::string compile_options_;
 };
 
 }  // namespace torch_pjrt::runtime
