@@ -83,16 +83,20 @@ class TinyTransformer(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """A CIFAR-style convnet: conv-BN-ReLU stages with max and average pooling, global pooling, linear head."""
+    """A CIFAR-style convnet: conv-BN-ReLU stages with max and average pooling, global pooling, linear head.
 
-    def __init__(self, in_ch: int = 3, classes: int = 10, width: int = 16) -> None:
+    smooth=True uses SiLU and average pooling only: no kink (ReLU at 0, a max-pool near-tie)
+    where two float32 runs can part by chance, so training can be judged step by step."""
+
+    def __init__(self, in_ch: int = 3, classes: int = 10, width: int = 16, smooth: bool = False) -> None:
         super().__init__()
 
         def stage(cin: int, cout: int) -> list[nn.Module]:
-            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
+            return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout),
+                    nn.SiLU() if smooth else nn.ReLU()]
 
         self.features = nn.Sequential(
-            *stage(in_ch, width), nn.MaxPool2d(2),          # 16x16 -> 8x8
+            *stage(in_ch, width), nn.AvgPool2d(2) if smooth else nn.MaxPool2d(2),  # 16x16 -> 8x8
             *stage(width, 2 * width), nn.AvgPool2d(2),      # 8x8 -> 4x4
             *stage(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1),
         )

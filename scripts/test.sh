@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test: C++ unit tests for the torch-free layers, then pytest in
-# strict eager mode (the whole suite), then the op, view, autograd, training,
-# model and conformance-slice tests again in fused eager mode.
+# Runs every test: C++ unit tests for the torch-free layers, the plugin
+# qualification battery (python -m torch_pjrt.qualify), then pytest in strict
+# eager mode (the whole suite), then the op, view, autograd, training, model and
+# conformance-slice tests again in fused eager mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -9,6 +10,10 @@ PLUGIN=$(.venv/bin/python -c "import torch_pjrt._plugins as p; print(p.choose_pl
 echo "== C++ tests (plugin: $PLUGIN)"
 TORCH_PJRT_TEST_PLUGIN="$PLUGIN" ./build/cpp_tests --gtest_brief=1
 export TORCH_PJRT_CACHE_DIR="${TORCH_PJRT_CACHE_DIR:-$(mktemp -d)}"
+if [ $# -eq 0 ]; then
+  echo "== Plugin qualification"
+  .venv/bin/python -m torch_pjrt.qualify
+fi
 if [ $# -gt 0 ]; then  # a selection: run it once, in the mode the environment names
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
   exit

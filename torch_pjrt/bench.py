@@ -216,9 +216,10 @@ def _flag_precision(results: list[Result]) -> None:
     """A comparison is only fair at one precision: flag every result that differs from the first."""
     ref = results[0]
     for r in results[1:]:
-        if (r.precision, r.matmul_precision) != (ref.precision, ref.matmul_precision):
-            r.flags.append(f"precision mismatch: {r.precision} (matmul {r.matmul_precision}) vs "
-                           f"{ref.target.name}'s {ref.precision} (matmul {ref.matmul_precision})")
+        flag = (f"precision mismatch: {r.precision} (matmul {r.matmul_precision}) vs "
+                f"{ref.target.name}'s {ref.precision} (matmul {ref.matmul_precision})")
+        if (r.precision, r.matmul_precision) != (ref.precision, ref.matmul_precision) and flag not in r.flags:
+            r.flags.append(flag)
 
 
 def benchmark(make_step: MakeStep, targets: Sequence[Target], warmup: int = 5, iters: int = 20,
@@ -339,7 +340,50 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--md", help="write the Markdown table here")
     p.add_argument("--json", help="write the results and the environment here")
     p.add_argument("--png", help="write the plot here")
+    p.add_argument("--plugins", default="",
+                   help="comma-separated PJRT plugins (TORCH_PJRT_PLUGIN values, e.g. cpu,xla-cpu-pjrt, each "
+                        "optionally with XLA options: 'xla-cpu-pjrt[xla_cpu_use_xnnpack=false;...]'): the pjrt "
+                        "targets run once per plugin, each plugin in a process of its own, in one table")
     return p
+
+
+def _plugin_label(plugin: str) -> str:
+    if plugin != "cpu":
+        return plugin
+    from torch_pjrt import _plugins
+    return f"cpu={_plugins.DEFAULT_CPU_PLUGIN}"
+
+
+def _renamed(result: Result, plugin: str) -> Result:
+    return dataclasses.replace(result, target=dataclasses.replace(
+        result.target, name=f"{result.target.name} [{_plugin_label(plugin)}]"))
+
+
+def _results_from_json(path: str) -> list[Result]:
+    with open(path) as f:
+        rows = json.load(f)["results"]
+    return [Result(**{**row, "target": Target(**row["target"])}) for row in rows]
+
+
+def _run_on_plugin(plugin: str, args: argparse.Namespace, pjrt_keys: list[str]) -> list[Result]:
+    """The pjrt targets on another plugin: this command again, in a process started with it."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "results.json")
+        cmd = [sys.executable, "-m", "torch_pjrt.bench", "--model", args.model, "--targets", ",".join(pjrt_keys),
+               "--warmup", str(args.warmup), "--iters", str(args.iters), "--json", out]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        name, _, options = plugin.partition("[")
+        env = {**os.environ, "TORCH_PJRT_PLUGIN": name,
+               "TORCH_PJRT_XLA_OPTIONS": options.rstrip("]").replace(";", ",")}
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"torch_pjrt.bench on plugin {plugin!r} failed:\n{done.stdout}\n{done.stderr}")
+        return [_renamed(r, plugin) for r in _results_from_json(out)]
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -351,9 +395,22 @@ def main(argv: Sequence[str] | None = None) -> None:
     make_step, tokens_per_step = MODELS[args.model]
     keys = [k for k in args.targets.split(",") if k]
     targets = standard_targets(keys, args.baseline_device)
+    plugins = [p for p in args.plugins.split(",") if p]
     results = benchmark(make_step, targets, args.warmup, args.iters, tokens_per_step, args.hourly_rate)
+    if plugins:
+        # This process's plugin first, then every other one in a process of its own.
+        here = os.environ.get("TORCH_PJRT_PLUGIN", "cpu") or "cpu"
+        pjrt_keys = [k for k, t in zip(keys, targets) if _is_pjrt(t.device)]
+        results = [_renamed(r, here) if _is_pjrt(r.target.device) else r for r in results]
+        for plugin in plugins:
+            if plugin != here:
+                results += _run_on_plugin(plugin, args, pjrt_keys)
+        _flag_precision(results)
     baseline = dict(zip(keys, targets)).get(args.baseline)
-    table = to_markdown(results, baseline.name if baseline else None)
+    baseline_name = None
+    if baseline is not None:  # a pjrt baseline was renamed after its plugin
+        baseline_name = next(r.target.name for r in results if r.target.name.startswith(baseline.name))
+    table = to_markdown(results, baseline_name)
     print(f"{args.model}: {environment()}\n\n{table}")
     if args.md:
         with open(args.md, "w") as f:

@@ -885,7 +885,7 @@ Value any_element(ir::Builder& b, Value v, const std::string& test) {
   if (test == "nan") {
     hits = b.compare(v, v, "NE");
   } else if (test == "inf") {
-    hits = b.compare(b.unary("abs", v), b.constant(b.dtype(v), INFINITY), "EQ");
+    hits = b.compare(b.unary("abs", v), b.constant(b.dtype(v), INFINITY, b.dims(v)), "EQ");
   } else {
     hits = b.unary("not", b.unary("is_finite", v));
   }

@@ -90,6 +90,34 @@ TEST(Runtime, BadProgramIsAnErrorNotAnAbort) {
   }
 }
 
+TEST(CompileOptions, OverridesAreEnvOptionOverrides) {
+  // build options {num_replicas 1, num_partitions 1}, portable, then one map entry per override.
+  std::string base("\x1a\x04\x20\x01\x28\x01\x20\x01", 8);
+  EXPECT_EQ(runtime::encode_compile_options({}), base);
+  std::string with_bool = runtime::encode_compile_options({{"xla_cpu_use_xnnpack", false}});
+  // field 7 (0x3a), entry {key (0x0a) "xla_cpu_use_xnnpack", value (0x12) {bool_field (0x10) 0}}.
+  std::string entry = std::string("\x0a\x13") + "xla_cpu_use_xnnpack" + std::string("\x12\x02\x10\x00", 4);
+  EXPECT_EQ(with_bool, base + "\x3a" + static_cast<char>(entry.size()) + entry);
+  std::string with_int = runtime::encode_compile_options({{"n", int64_t{300}}});
+  EXPECT_EQ(with_int, base + std::string("\x3a\x08\x0a\x01n\x12\x03\x18\xac\x02", 10));
+  std::string with_text = runtime::encode_compile_options({{"m", std::string("ab")}});
+  EXPECT_EQ(with_text, base + std::string("\x3a\x09\x0a\x01m\x12\x04\x0a\x02" "ab", 11));
+}
+
+TEST(CompileOptions, ThePluginAppliesThemAndRejectsUnknownNames) {
+  auto api = runtime::Api::load(plugin_path());
+  runtime::Client known(api, {}, {{"xla_cpu_enable_fast_math", false}});
+  auto exe = known.compile(add_module());
+  EXPECT_EQ(exe->num_outputs(), 1u);
+  runtime::Client unknown(api, {}, {{"xla_no_such_option", true}});
+  try {
+    unknown.compile(add_module());
+    FAIL() << "an unknown option compiled";
+  } catch (const runtime::PjrtError& e) {
+    EXPECT_NE(std::string(e.what()).find("xla_no_such_option"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Runtime, SerializeAndDeserialize) {
   auto client = shared_client();
   auto exe = client->compile(add_module());

@@ -72,10 +72,45 @@ def test_out_of_range_index_debug_raises_at_the_line(dev):
 def test_debug_mode_catches_nan(dev):
     x = torch.tensor([1.0, -1.0], device=dev)
     with torch_pjrt.debug_mode():
-        with pytest.raises(RuntimeError, match="aten::log produced NaN or Inf"):
+        with pytest.raises(RuntimeError, match="aten::log produced NaN"):
             torch.log(x)
         torch.exp(x)  # fine
     assert torch.isnan(torch.log(x)).any().item()  # strict mode does not check
+
+
+def test_debug_mode_stops_inf_made_from_finite_values_at_the_line(dev):
+    x = torch.tensor([1.0, 100.0], device=dev)
+    with torch_pjrt.debug_mode():
+        with pytest.raises(RuntimeError, match=r"aten::exp produced Inf from finite inputs") as info:
+            torch.exp(x)  # overflow
+        assert any("test_errors.py" in str(tb.path) for tb in info.traceback)
+        with pytest.raises(RuntimeError, match=r"aten::div produced Inf from finite inputs"):
+            x / torch.zeros(2, device=dev)  # division by zero
+        y = torch.full((2,), 3e38, device=dev)
+        with pytest.raises(RuntimeError, match=r"aten::mul_? produced Inf from finite inputs"):
+            y.mul_(10)  # in place: the written storage is checked too
+        with pytest.raises(RuntimeError, match=r"aten::add produced NaN"):
+            torch.tensor([float("inf")], device=dev) + torch.tensor([float("-inf")], device=dev)
+
+
+def test_debug_mode_lets_intended_infinities_through(dev):
+    """Masks fill with -inf on purpose; what is computed from an Inf stays quiet, NaN does not."""
+    scores = torch.randn(2, 4, 4, device=dev)
+    with torch_pjrt.debug_mode():
+        causal = torch.ones(4, 4, dtype=torch.bool, device=dev).triu(1)
+        masked = scores.masked_fill(causal, float("-inf"))
+        additive = torch.full((4, 4), float("-inf"), device=dev).triu(1)
+        where = torch.where(causal, torch.tensor(float("-inf")), scores)
+        both = masked + additive + where
+        probs = torch.softmax(both, dim=-1)
+        best = both.amax(dim=-1)  # finite: the diagonal is never masked
+        logs = torch.log_softmax(both, dim=-1)  # -inf where masked, from an input that held -inf
+        with pytest.raises(RuntimeError, match=r"aten::log produced Inf from finite inputs"):
+            torch.log(probs)  # log(0): exact zeros made -inf here, where a NaN usually follows (0 * -inf)
+    expected = torch.softmax(scores.cpu().masked_fill(causal.cpu(), float("-inf")) * 2, dim=-1)
+    torch.testing.assert_close(probs.cpu(), expected)
+    assert torch.isfinite(best.cpu()).all()
+    assert torch.isneginf(logs.cpu()[causal.cpu().expand(2, 4, 4)]).all()
 
 
 def test_debug_mode_from_environment():

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402  (pinned in scripts/setup.sh)
 
 import torch_pjrt  # noqa: E402
+from torch_pjrt.qualify import differential  # noqa: E402
 
 VOCAB = 128
 # Ops generate() ran through the CPU fallback, per model, filled in by the tests (printed with -s / -rA).
@@ -88,33 +89,19 @@ def test_hf_causal_lm_matches_cpu(kind, attn):
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_hf_compiled_training_matches_cpu(kind):
     """The model compiled with backend="pjrt": forward and backward are one program each,
-    with no CPU fallback; three AdamW steps give the CPU's losses and gradients."""
-    torch._dynamo.reset()
-    model = make_model(kind, "sdpa")
-    cpu_model = copy.deepcopy(model)
-    dev_model = copy.deepcopy(model).to("pjrt")
-    compiled = torch.compile(dev_model, backend="pjrt", dynamic=False)
-    opt = torch.optim.AdamW(dev_model.parameters(), lr=1e-3)
-    cpu_opt = torch.optim.AdamW(cpu_model.parameters(), lr=1e-3)
+    with no CPU fallback; every AdamW step's gradients and parameters are within the
+    float64 bound (torch_pjrt.qualify.differential; the battery runs wider configs)."""
     g = torch.Generator().manual_seed(2)
+    batches = [(torch.randint(0, VOCAB, (2, 16), generator=g),) for _ in range(3)]
+    prob = differential.Problem(lambda: make_model(kind, "sdpa"), batches,
+                                lambda m, b: m(input_ids=b[0], labels=b[0]).loss,
+                                lambda p: torch.optim.AdamW(p, lr=1e-3), steps=5)
+    ref = differential.reference(prob)
+    torch._dynamo.reset()
     torch_pjrt.reset_metrics()
-    for step in range(3):
-        ids = torch.randint(0, VOCAB, (2, 16), generator=g)
-        ref = cpu_model(input_ids=ids, labels=ids)
-        ref.loss.backward()
-        with torch_pjrt.fallback_mode("error"):
-            out = compiled(input_ids=ids.to("pjrt"), labels=ids.to("pjrt"))
-            out.loss.backward()
-        torch.testing.assert_close(out.loss.item(), ref.loss.item(), rtol=1e-5, atol=1e-5)
-        if step == 0:
-            grads = dict(cpu_model.named_parameters())
-            for name, p in dev_model.named_parameters():
-                torch.testing.assert_close(p.grad.cpu(), grads[name].grad, rtol=1e-4, atol=2e-5,
-                                           msg=lambda m, n=name: f"grad of {n}: {m}")
-        opt.step()
-        cpu_opt.step()
-        opt.zero_grad()
-        cpu_opt.zero_grad()
+    with torch_pjrt.fallback_mode("error"):
+        result = differential.compare(differential.train(prob, "pjrt", compile_backend="pjrt"), ref)
+    assert result.passed, differential.describe(result)
     stats = torch_pjrt.metrics()["compiled"]
     assert sum(s["programs"] for s in stats.values()) >= 2, stats
     assert all(not s["eager_graphs"] for s in stats.values()), stats
@@ -153,3 +140,51 @@ def test_static_cache_generation_compiles_once_per_bucket(kind):
     assert (compiles1, dynamo1, programs1) == (compiles0, dynamo0, programs0), totals
     assert runs1 - runs0 == 64, totals  # one prefill and 63 decode steps, each a replayed program
     torch._dynamo.reset()
+
+
+def _debug_mode_model(kind: str) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """A small model of each family and a padded batch with its standard attention mask."""
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(1, VOCAB, (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # padding: HF fills the masked scores with -inf or the dtype's minimum
+    if kind in ("gpt2", "llama"):
+        return make_model(kind, "sdpa"), dict(input_ids=ids, attention_mask=mask, labels=ids)
+    if kind == "bert":
+        cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                      attention_probs_dropout_prob=0.0)
+        return transformers.BertForMaskedLM(cfg).eval(), dict(input_ids=ids, attention_mask=mask, labels=ids)
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
+                                dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
+    return transformers.T5ForConditionalGeneration(cfg).eval(), dict(input_ids=ids, attention_mask=mask,
+                                                                      labels=ids[:, :8])
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "llama", "bert", "t5"])
+def test_debug_mode_runs_hf_models_without_false_alarms(kind):
+    """Debug mode checks every op for NaN and for Inf made from finite values: the masks of
+    the four common families (causal, padding, encoder-decoder) must not set it off, and the
+    loss and gradients are the CPU's."""
+    model, batch = _debug_mode_model(kind)
+    dev_model = copy.deepcopy(model).to("pjrt")
+    ref = model(**batch).loss
+    ref.backward()
+    with torch_pjrt.debug_mode():
+        loss = dev_model(**{k: v.to("pjrt") for k, v in batch.items()}).loss
+        loss.backward()
+    torch.testing.assert_close(loss.detach().cpu(), ref.detach(), rtol=1e-5, atol=1e-5)
+    for (name, p), q in zip(model.named_parameters(), dev_model.parameters()):
+        if p.grad is not None:
+            torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-4, atol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_debug_mode_stops_a_real_overflow_inside_a_hf_model():
+    model, batch = _debug_mode_model("gpt2")
+    dev_model = copy.deepcopy(model).to("pjrt")
+    with torch.no_grad():
+        dev_model.transformer.h[0].mlp.c_fc.weight.mul_(1e37)  # the MLP's activations overflow
+    with torch_pjrt.debug_mode(), pytest.raises(RuntimeError, match="produced (NaN|Inf from finite inputs)") as info:
+        dev_model(**{k: v.to("pjrt") for k, v in batch.items()})
+    assert "aten::" in str(info.value)

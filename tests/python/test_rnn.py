@@ -12,9 +12,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from conftest import assert_close
 from models import synthetic_tokens
-from test_training import cpu_runs, train
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
-from trajectory import assert_curve_within, references
+from trajectory import assert_trains_like_float64, problem
 
 import torch_pjrt
 
@@ -112,8 +111,5 @@ def test_recurrent_language_model_trains_like_cpu(cls: type) -> None:
         return F.cross_entropy(logits.reshape(-1, vocab), y.reshape(-1))
 
     make_opt = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731
-    device_model = copy.deepcopy(model).to("pjrt")
-    with torch_pjrt.fallback_mode("error"):
-        losses = train(device_model, "pjrt", make_opt, batches, lm_loss, steps=steps)
-    assert_curve_within(losses, references(model, cpu_runs(make_opt, batches, lm_loss, steps=steps)))
+    losses, _ = assert_trains_like_float64(problem(model, batches, lm_loss, make_opt, steps))
     assert losses[-1] < 0.5 * losses[0], losses

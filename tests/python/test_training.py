@@ -1,4 +1,5 @@
-"""Eager training on the device matches CPU PyTorch step by step."""
+"""Eager training on the device matches float64 CPU PyTorch step by step (every
+gradient and parameter, see trajectory.py)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import MLP, TinyTransformer, synthetic_tokens
-from trajectory import assert_curve_within, batches_as, jitter_ulp, references
+from trajectory import assert_trains_like_float64, problem
 
 import torch_pjrt
 
 
-def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20,
-          jitter: torch.Generator | None = None, after_step=None) -> list[float]:
-    """Trains and returns the losses. With `jitter`, every parameter is moved by
-    about one float32 ulp after each step (see trajectory.py); `after_step()` is
-    called after each step."""
+def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20) -> list[float]:
+    """Trains and returns the losses."""
     model = model.to(device)
     opt = make_opt(model.parameters())
     losses = []
@@ -27,21 +25,8 @@ def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
-        if jitter is not None:
-            jitter_ulp(model, jitter)
         losses.append(loss.item())
-        if after_step is not None:
-            after_step()
     return losses
-
-
-def cpu_runs(make_opt, batches, loss_fn, steps: int = 20):
-    """run(model, dtype, jitter) for trajectory.references: trains on the CPU in `dtype`."""
-    def run(model: torch.nn.Module, dtype: torch.dtype,
-            jitter: torch.Generator | None) -> tuple[list[float], torch.nn.Module]:
-        model = model.to(dtype)
-        return train(model, "cpu", make_opt, batches_as(batches, dtype), loss_fn, steps, jitter), model
-    return run
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
@@ -54,10 +39,7 @@ def test_mlp_matches_cpu(optimizer):
         "sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
         "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2),
     }[optimizer]
-    torch_pjrt.reset_metrics()
-    with torch_pjrt.fallback_mode("error"):
-        dev = train(copy.deepcopy(model), "pjrt", make_opt, batches, F.cross_entropy)
-    assert_curve_within(dev, references(model, cpu_runs(make_opt, batches, F.cross_entropy)))
+    dev, _ = assert_trains_like_float64(problem(model, batches, F.cross_entropy, make_opt, steps=20))
     assert dev[-1] < dev[0]
 
 
@@ -70,9 +52,7 @@ def test_transformer_matches_cpu():
         return F.cross_entropy(logits.reshape(-1, 64), y.reshape(-1))
 
     make_opt = lambda p: torch.optim.AdamW(p, lr=3e-3)  # noqa: E731  (default foreach path)
-    with torch_pjrt.fallback_mode("error"):
-        dev = train(copy.deepcopy(model), "pjrt", make_opt, batches, lm_loss)
-    assert_curve_within(dev, references(model, cpu_runs(make_opt, batches, lm_loss)))
+    dev, _ = assert_trains_like_float64(problem(model, batches, lm_loss, make_opt, steps=20))
     assert dev[-1] < dev[0] * 0.8
 
 
