@@ -892,6 +892,16 @@ Value any_element(ir::Builder& b, Value v, const std::string& test) {
   int64_t n = b.type(hits).numel();
   return b.reduce_simple(b.reshape(hits, {n}), b.constant_int(DType::Pred, 0), {0}, "or");
 }
+
+bool infinity_is_exact(const std::string& op) {
+  // log(0) = -inf by definition, and models take it on purpose (T5's relative
+  // position buckets take the log of position 0, then discard it).
+  static const char* const kLogs[] = {"aten::log", "aten::log2", "aten::log10", "aten::log1p"};
+  for (const char* name : kLogs) {
+    if (op == name || op == std::string(name) + "_") return true;
+  }
+  return false;
+}
 }  // namespace
 
 Value OpBuilder::nonfinite_code() {
@@ -899,7 +909,8 @@ Value OpBuilder::nonfinite_code() {
   // is: -inf fills masked attention scores, and sums, maxima and exps of
   // them stay infinite. So an Inf is flagged only when the op made it from
   // finite values (every floating input, scalars included, was finite): an
-  // overflow or a division by zero, the first op where a blow-up shows.
+  // overflow or a division by zero, the first op where a blow-up shows. The
+  // logarithms' -inf at 0 is exact, not a blow-up.
   auto is_checked = [&](Value v) {
     return ir::is_floating(builder_.dtype(v)) && builder_.type(v).numel() > 0;
   };
@@ -920,6 +931,7 @@ Value OpBuilder::nonfinite_code() {
     Value p{node, 0};
     if (is_checked(p)) inputs_nonfinite = combine(inputs_nonfinite, any_element(builder_, p, "nonfinite"));
   }
+  if (infinity_is_exact(op_)) inf = builder_.constant_int(DType::Pred, 0);
   Value new_inf = inputs_nonfinite.valid() ? builder_.binary("and", inf, builder_.unary("not", inputs_nonfinite)) : inf;
   Value u8_zero = builder_.constant_int(DType::U8, 0);
   return builder_.binary("or", builder_.select(nan, builder_.constant_int(DType::U8, kProducedNaN), u8_zero),

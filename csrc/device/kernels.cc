@@ -894,6 +894,19 @@ at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float,
   return finish(op, r, out, into);
 }
 at::Tensor softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, h, false, nullptr); }
+// Scaled dot product attention's softmax: a fully masked row gives zeros (as CPU), and no
+// intermediate NaN (debug mode checks every op's results).
+at::Tensor safe_softmax_fn(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
+  OpBuilder op("aten::_safe_softmax");
+  at::ScalarType out = dtype.value_or(self.scalar_type());
+  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
+  auto& b = op.b();
+  Value x = b.convert(op.input(self), to_ir(out));
+  if (self.dim() == 0) x = b.reshape(x, {1});
+  Value r = L::softmax(b, x, d, false, to_ir(out), /*zero_empty_rows=*/true);
+  if (self.dim() == 0) r = b.reshape(r, {});
+  return finish(op, r, out, nullptr);
+}
 at::Tensor log_softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, h, true, nullptr); }
 at::Tensor& softmax_out(const at::Tensor& s, int64_t d, bool h, at::Tensor& o) {
   softmax_impl(s, d, h, false, &o);
@@ -1928,6 +1941,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("all.dim", all_dim);
   m.impl("any.dim", any_dim);
   m.impl("_softmax", softmax_fn);
+  m.impl("_safe_softmax", safe_softmax_fn);
   m.impl("_softmax.out", softmax_out);
   m.impl("_log_softmax", log_softmax_fn);
   m.impl("_log_softmax.out", log_softmax_out);

@@ -1118,7 +1118,7 @@ Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DT
   return b.convert(keep(b, r, in, dims, keepdim), out);
 }
 
-Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out) {
+Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out, bool zero_empty_rows) {
   auto in = b.dims(x);
   if (in.empty()) {
     return b.convert(b.scalar_like(x, log ? 0.0 : 1.0), out);
@@ -1132,6 +1132,10 @@ Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out) {
   Value s = b.reduce_simple(e, b.constant(acc, 0), {dim}, "add");
   Value sk = expand_back(b, b.reshape(s, kept_dims(in, {dim})), in);
   Value r = log ? b.binary("subtract", shifted, b.unary("log", sk)) : b.binary("divide", e, sk);
+  if (zero_empty_rows) {
+    // Every element -inf (a fully masked attention row): zeros, not 0/0.
+    r = b.select(b.compare(sk, b.scalar_like(sk, 0), "EQ"), b.scalar_like(r, 0), r);
+  }
   return b.convert(r, out);
 }
 

@@ -54,7 +54,8 @@ Value hurwitz_zeta(Builder& b, Value s, Value q);
 // The n-th derivative of digamma, accurate for negative x (reflected), with torch's poles.
 Value polygamma(Builder& b, int64_t n, Value x);
 Value logsumexp(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);
-Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out);
+// zero_empty_rows: rows of only -inf give zeros (torch's _safe_softmax) instead of NaN.
+Value softmax(Builder& b, Value x, int64_t dim, bool log, DType out, bool zero_empty_rows = false);
 Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log, DType dtype);
 
 // Linear algebra.

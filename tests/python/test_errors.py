@@ -105,12 +105,25 @@ def test_debug_mode_lets_intended_infinities_through(dev):
         probs = torch.softmax(both, dim=-1)
         best = both.amax(dim=-1)  # finite: the diagonal is never masked
         logs = torch.log_softmax(both, dim=-1)  # -inf where masked, from an input that held -inf
-        with pytest.raises(RuntimeError, match=r"aten::log produced Inf from finite inputs"):
-            torch.log(probs)  # log(0): exact zeros made -inf here, where a NaN usually follows (0 * -inf)
+        log_probs = torch.log(probs)  # log(0) = -inf exactly: the logarithms' infinities are not blow-ups
     expected = torch.softmax(scores.cpu().masked_fill(causal.cpu(), float("-inf")) * 2, dim=-1)
     torch.testing.assert_close(probs.cpu(), expected)
     assert torch.isfinite(best.cpu()).all()
     assert torch.isneginf(logs.cpu()[causal.cpu().expand(2, 4, 4)]).all()
+    assert torch.isneginf(log_probs.cpu()[causal.cpu().expand(2, 4, 4)]).all()
+
+
+def test_safe_softmax_of_a_fully_masked_row_is_zero_without_nan(dev):
+    """SDPA's softmax (aten::_safe_softmax): a row of only -inf gives zeros, as on the CPU, and
+    debug mode sees no NaN (torch's composite would make one in _softmax and mask it after)."""
+    x = torch.randn(3, 5)
+    x[1] = float("-inf")
+    x[2, :3] = float("-inf")
+    expected = torch._safe_softmax(x, -1)
+    with torch_pjrt.debug_mode():
+        got = torch._safe_softmax(x.to(dev), -1)
+    torch.testing.assert_close(got.cpu(), expected)
+    assert (got.cpu()[1] == 0).all()
 
 
 def test_debug_mode_from_environment():

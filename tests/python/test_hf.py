@@ -89,13 +89,15 @@ def test_hf_causal_lm_matches_cpu(kind, attn):
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_hf_compiled_training_matches_cpu(kind):
     """The model compiled with backend="pjrt": forward and backward are one program each,
-    with no CPU fallback; every AdamW step's gradients and parameters are within the
-    float64 bound (torch_pjrt.qualify.differential; the battery runs wider configs)."""
+    with no CPU fallback; every step's gradients and parameters are within the float64
+    bound (torch_pjrt.qualify.differential; the battery runs wider configs)."""
     g = torch.Generator().manual_seed(2)
     batches = [(torch.randint(0, VOCAB, (2, 16), generator=g),) for _ in range(3)]
+    # SGD: Adam turns the rounding of near-zero gradients of this tiny config into
+    # parameter differences no float32 bound predicts; the battery runs AdamW wider.
     prob = differential.Problem(lambda: make_model(kind, "sdpa"), batches,
                                 lambda m, b: m(input_ids=b[0], labels=b[0]).loss,
-                                lambda p: torch.optim.AdamW(p, lr=1e-3), steps=5)
+                                lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), steps=5)
     ref = differential.reference(prob)
     torch._dynamo.reset()
     torch_pjrt.reset_metrics()
@@ -159,7 +161,7 @@ def _debug_mode_model(kind: str) -> tuple[torch.nn.Module, dict[str, torch.Tenso
     cfg = transformers.T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4,
                                 dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0)
     return transformers.T5ForConditionalGeneration(cfg).eval(), dict(input_ids=ids, attention_mask=mask,
-                                                                      labels=ids[:, :8])
+                                                                      labels=ids[:, :8].contiguous())
 
 
 @pytest.mark.parametrize("kind", ["gpt2", "llama", "bert", "t5"])
