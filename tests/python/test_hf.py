@@ -93,16 +93,13 @@ def test_hf_compiled_training_matches_cpu(kind):
     bound (torch_pjrt.qualify.differential; the battery runs wider configs)."""
     g = torch.Generator().manual_seed(2)
     batches = [(torch.randint(0, VOCAB, (2, 16), generator=g),) for _ in range(3)]
-    # SGD: Adam turns the rounding of near-zero gradients of this tiny config into
-    # parameter differences no float32 bound predicts; the battery runs AdamW wider.
     prob = differential.Problem(lambda: make_model(kind, "sdpa"), batches,
                                 lambda m, b: m(input_ids=b[0], labels=b[0]).loss,
-                                lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9), steps=5)
-    ref = differential.reference(prob)
+                                lambda p: torch.optim.AdamW(p, lr=1e-3), steps=5)
     torch._dynamo.reset()
     torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
-        result = differential.compare(differential.train(prob, "pjrt", compile_backend="pjrt"), ref)
+        result = differential.run(prob, "pjrt", compile_backend="pjrt")
     assert result.passed, differential.describe(result)
     stats = torch_pjrt.metrics()["compiled"]
     assert sum(s["programs"] for s in stats.values()) >= 2, stats
