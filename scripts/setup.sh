@@ -32,11 +32,10 @@ if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, matplotlib, x
   "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0 xla-cpu-pjrt==0.0.1 numpy pytest \
     pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
 fi
-# The default CPU plugin (README, "Which CPU plugin"). --no-deps: its metadata asks for jax,
-# which the plugin does not use.
-if ! "$VPY" -c "import importlib.metadata as m; assert m.version('lammps-jax-pjrt-cpu') == '0.11.2'" 2>/dev/null; then
+# The default CPU plugin (README, "Which CPU plugin").
+if ! "$VPY" -c "import importlib.metadata as m; assert m.version('fastatomstruct-xla-cpu') == '2026.6.23'" 2>/dev/null; then
   echo "setup: installing the CPU PJRT plugin"
-  "$VPY" -m pip install -q --disable-pip-version-check --no-deps lammps-jax-pjrt-cpu==0.11.2 2>&1 \
+  "$VPY" -m pip install -q --disable-pip-version-check fastatomstruct-xla-cpu==2026.6.23 2>&1 \
     | grep -v "^WARNING: Location" || true
 fi
 

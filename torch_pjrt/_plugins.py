@@ -34,20 +34,21 @@ class CpuPluginPackage:
 CPU_PLUGINS: dict[str, CpuPluginPackage] = {
     p.name: p
     for p in (
+        CpuPluginPackage("fastatomstruct-xla-cpu", "fastatomstruct_xla_cpu", "libpjrt_cpu.so",
+                         "fastatomstruct-xla-cpu==2026.6.23",
+                         "zml/pjrt-artifacts build manual-2026-06-23 of XLA's CPU plugin (PJRT C API 0.106)"),
         CpuPluginPackage("lammps-jax-pjrt-cpu", "lammps_jax_pjrt_cpu", "pjrt_c_api_cpu_plugin.so",
                          "lammps-jax-pjrt-cpu==0.11.2",
                          "XLA of jaxlib 0.11.2 (PJRT C API 0.115), built by the lammps-jax project"),
         CpuPluginPackage("xla-cpu-pjrt", "xla_plugins.xla_cpu_pjrt", "*.so", "xla-cpu-pjrt==0.0.1",
                          "OpenXLA's CPU plugin of late 2025 (PJRT C API 0.81); also carries pjrt_c_api.h"),
-        CpuPluginPackage("fastatomstruct-xla-cpu", "fastatomstruct_xla_cpu", "libpjrt_cpu.so",
-                         "fastatomstruct-xla-cpu==2026.6.23",
-                         "zml/pjrt-artifacts build manual-2026-06-23 of XLA's CPU plugin"),
     )
 }
-# Chosen by measurement (README, "Which CPU plugin"): xla-cpu-pjrt 0.0.1 computes
-# float32 dots wrong after an in-place update on AMD Zen CPUs (XNNPACK reuses
-# weights it packed, keyed by buffer address).
-DEFAULT_CPU_PLUGIN = "lammps-jax-pjrt-cpu"
+# Chosen by measurement (README, "Which CPU plugin"): the one that passes the whole qualification.
+# xla-cpu-pjrt 0.0.1 computes float32 dots with stale weights after an in-place update on AMD Zen
+# CPUs (XNNPACK reuses weights it packed, keyed by buffer address); lammps-jax-pjrt-cpu 0.11.2
+# returns some inputs of torch.atan unchanged (kernels.pointwise).
+DEFAULT_CPU_PLUGIN = "fastatomstruct-xla-cpu"
 
 INSTALL_HINTS = {
     "cuda": "install XLA's CUDA plugin, e.g. pip install jax-cuda13-pjrt (or jax-cuda12-pjrt)",

@@ -14,8 +14,9 @@ from trajectory import assert_trains_like_float64, problem
 import torch_pjrt
 
 
-def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20) -> list[float]:
-    """Trains and returns the losses."""
+def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20,
+          after_step=None) -> list[float]:
+    """Trains and returns the losses; `after_step()` is called after each step."""
     model = model.to(device)
     opt = make_opt(model.parameters())
     losses = []
@@ -26,6 +27,8 @@ def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if after_step is not None:
+            after_step()
     return losses
 
 

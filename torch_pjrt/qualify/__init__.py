@@ -54,7 +54,7 @@ def _stress_check(name: str, fn: stress.StressCheck, mode: str) -> Check:
             detail = fn(torch_pjrt.DEVICE_NAME)
         torch_pjrt.synchronize()
         return detail
-    group = "kernels" if name in ("dots", "convolutions") else "buffers"
+    group = "kernels" if name in ("dots", "convolutions", "pointwise") else "buffers"
     return Check(f"{group}.{name}.{mode}", run)
 
 

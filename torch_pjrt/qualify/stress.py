@@ -118,6 +118,35 @@ def convolutions(device: str) -> str:
     return judge.summary("convolution results")
 
 
+# Pointwise ops with their input ranges: every branch of their approximations (|x| < 1 and > 1,
+# both signs), at sizes past the vector width, out of place and in place.
+POINTWISE = {
+    "exp": (-20, 20), "expm1": (-3, 3), "log": (1e-3, 1e3), "log1p": (-0.9, 10), "sqrt": (0, 100),
+    "rsqrt": (1e-2, 100), "sin": (-10, 10), "cos": (-10, 10), "tan": (-1.5, 1.5), "tanh": (-10, 10),
+    "sigmoid": (-20, 20), "atan": (-10, 10), "asin": (-0.99, 0.99), "acos": (-0.99, 0.99), "sinh": (-5, 5),
+    "cosh": (-5, 5), "asinh": (-10, 10), "acosh": (1.01, 10), "atanh": (-0.99, 0.99), "erf": (-4, 4),
+    "erfc": (-4, 4), "erfinv": (-0.99, 0.99), "lgamma": (0.1, 10), "digamma": (0.1, 10), "reciprocal": (0.1, 10),
+}
+
+
+def pointwise(device: str) -> str:
+    """Transcendental and other pointwise ops, float32, 1000 elements, against float64: within 8x
+    CPU float32's own largest error plus 64 ulps of each value (approximations differ by a few ulps;
+    a wrong branch or sign is off by the value itself)."""
+    judge = Judge()
+    for i, (name, (low, high)) in enumerate(POINTWISE.items()):
+        x = torch.rand(1000, generator=torch.Generator().manual_seed(1100 + i), dtype=torch.float64)
+        x = _exact(low + (high - low) * x)
+        fn = getattr(torch, name)
+        exact, cpu32 = fn(x), fn(x.float()).double()
+        bound = FACTOR * (cpu32 - exact).abs().max() + 60 * EPS32 * exact.abs()
+        judge.check(f"torch.{name} of 1000 float32 values in [{low}, {high}]", fn(_f32(x, device)), exact, bound)
+        inplace = _f32(x, device).clone()
+        getattr(inplace, name + "_")()
+        judge.check(f"Tensor.{name}_ of 1000 float32 values in [{low}, {high}]", inplace, exact, bound)
+    return judge.summary("pointwise results")
+
+
 def inplace_then_read(device: str) -> str:
     """A weight updated in place (its buffer donated to the update: same memory, new values),
     then read by the same compiled matmul again: every read must see the new values."""
@@ -216,6 +245,7 @@ StressCheck = Callable[[str], str]
 STRESS_CHECKS: dict[str, StressCheck] = {
     "dots": dots,
     "convolutions": convolutions,
+    "pointwise": pointwise,
     "inplace-then-read": inplace_then_read,
     "views-of-updated": views_of_updated,
     "freed-and-reallocated": freed_and_reallocated,
