@@ -4,7 +4,8 @@
 
 Checks, each with a verdict (PASS, FAIL or SKIP with its reason):
 - `kernels.*` and `buffers.*` (stress.py): float32 dots and convolutions
-  across sizes against float64 with a worst-case rounding bound; in-place
+  across sizes against float64 with a worst-case rounding bound, pointwise
+  transcendental ops against float64; in-place
   updates (donated buffers) then reads; views of updated buffers; buffers
   freed and reallocated; asynchronous work and synchronize. In strict and
   fused eager modes.
