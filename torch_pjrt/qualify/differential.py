@@ -177,7 +177,8 @@ class Comparison:
         return not self.mismatches
 
     def judge(self, step: int, name: str, device: torch.Tensor, exact: torch.Tensor,
-              float32: Sequence[torch.Tensor], factor: float) -> None:
+              float32: Sequence[torch.Tensor], factor: float, floor_scale: float = 0.0) -> None:
+        """floor_scale: a magnitude the ulps floor is taken of when larger than the values'."""
         if device.shape != exact.shape:
             raise AssertionError(f"step {step}, {name}: shape {tuple(device.shape)}, expected {tuple(exact.shape)}")
         if not device.is_floating_point():
@@ -189,7 +190,7 @@ class Comparison:
         err = (device - exact).abs().max().item()
         err32 = max((t - exact).abs().max().item() for t in float32)
         scale = exact.abs().max().item()
-        allowed = factor * err32 + ULPS * EPS32 * scale
+        allowed = factor * err32 + ULPS * EPS32 * max(scale, floor_scale)
         finite = bool(torch.isfinite(device).all()) or not bool(torch.isfinite(exact).all())
         ratio = err / allowed if allowed > 0 else (0.0 if err == 0 else float("inf"))
         if not finite:
@@ -211,8 +212,10 @@ def check_step(problem: Problem, step: int, batch: Batch, before: State, after: 
         raise AssertionError(f"step {step}: the device has gradients for {sorted(after.grads)}, "
                              f"the CPU for {sorted(exact.grads)}")
     loss = torch.tensor(after.loss, dtype=torch.float64)
+    # A loss near zero is a difference of O(1) terms (cross-entropy: log-sum-exp minus the target's
+    # logit): its rounding is absolute, so the floor is taken of max(|loss|, 1).
     result.judge(step, "loss", loss, torch.tensor(exact.loss, dtype=torch.float64),
-                 [torch.tensor(r.loss, dtype=torch.float64) for r in runs], factor)
+                 [torch.tensor(r.loss, dtype=torch.float64) for r in runs], factor, floor_scale=1.0)
     for name, g in after.grads.items():
         result.judge(step, "grad:" + name, g, exact.grads[name], [r.grads[name] for r in runs], factor)
     for name, b in after.buffers.items():
