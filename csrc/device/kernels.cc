@@ -882,38 +882,35 @@ at::Tensor any_dims(const at::Tensor& s, at::OptionalIntArrayRef d, bool k) { re
 at::Tensor all_dim(const at::Tensor& s, int64_t d, bool k) { return any_all_impl(s, c10::IntArrayRef{d}, k, true); }
 at::Tensor any_dim(const at::Tensor& s, int64_t d, bool k) { return any_all_impl(s, c10::IntArrayRef{d}, k, false); }
 
-at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, bool half_to_float, bool log, const at::Tensor* into) {
-  OpBuilder op(log ? "aten::_log_softmax" : "aten::_softmax");
-  at::ScalarType out = half_to_float ? at::kFloat : self.scalar_type();
+// zero_empty_rows: SDPA's _safe_softmax, where a fully masked row gives zeros (as CPU) and no
+// intermediate NaN (debug mode checks every op's results).
+at::Tensor softmax_impl(const at::Tensor& self, int64_t dim, at::ScalarType out, bool log, const at::Tensor* into,
+                        bool zero_empty_rows = false) {
+  OpBuilder op(zero_empty_rows ? "aten::_safe_softmax" : log ? "aten::_log_softmax" : "aten::_softmax");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   auto& b = op.b();
   Value x = op.input(self);
   if (self.dim() == 0) x = b.reshape(x, {1});  // a 0-d tensor is one row of one element
-  Value r = L::softmax(b, x, d, log, to_ir(out));
+  Value r = L::softmax(b, x, d, log, to_ir(out), zero_empty_rows);
   if (self.dim() == 0) r = b.reshape(r, {});
   return finish(op, r, out, into);
 }
-at::Tensor softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, h, false, nullptr); }
-// Scaled dot product attention's softmax: a fully masked row gives zeros (as CPU), and no
-// intermediate NaN (debug mode checks every op's results).
-at::Tensor safe_softmax_fn(const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype) {
-  OpBuilder op("aten::_safe_softmax");
-  at::ScalarType out = dtype.value_or(self.scalar_type());
-  int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  auto& b = op.b();
-  Value x = b.convert(op.input(self), to_ir(out));
-  if (self.dim() == 0) x = b.reshape(x, {1});
-  Value r = L::softmax(b, x, d, false, to_ir(out), /*zero_empty_rows=*/true);
-  if (self.dim() == 0) r = b.reshape(r, {});
-  return finish(op, r, out, nullptr);
+at::ScalarType softmax_out_type(const at::Tensor& s, bool half_to_float) {
+  return half_to_float ? at::kFloat : s.scalar_type();
 }
-at::Tensor log_softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, h, true, nullptr); }
+at::Tensor softmax_fn(const at::Tensor& s, int64_t d, bool h) {
+  return softmax_impl(s, d, softmax_out_type(s, h), false, nullptr);
+}
+at::Tensor safe_softmax_fn(const at::Tensor& s, int64_t d, std::optional<at::ScalarType> dtype) {
+  return softmax_impl(s, d, dtype.value_or(s.scalar_type()), false, nullptr, /*zero_empty_rows=*/true);
+}
+at::Tensor log_softmax_fn(const at::Tensor& s, int64_t d, bool h) { return softmax_impl(s, d, softmax_out_type(s, h), true, nullptr); }
 at::Tensor& softmax_out(const at::Tensor& s, int64_t d, bool h, at::Tensor& o) {
-  softmax_impl(s, d, h, false, &o);
+  softmax_impl(s, d, softmax_out_type(s, h), false, &o);
   return o;
 }
 at::Tensor& log_softmax_out(const at::Tensor& s, int64_t d, bool h, at::Tensor& o) {
-  softmax_impl(s, d, h, true, &o);
+  softmax_impl(s, d, softmax_out_type(s, h), true, &o);
   return o;
 }
 at::Tensor softmax_bw(const at::Tensor& grad, const at::Tensor& out, int64_t dim, at::ScalarType in_dtype, bool log) {
