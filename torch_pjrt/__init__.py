@@ -59,6 +59,10 @@ from .recompiles import RecompileError, set_recompile_policy  # noqa: E402
 
 distributed.register()  # dist.init_process_group("pjrt")
 
+from . import integrations  # noqa: E402
+
+integrations.install()  # Hugging Face, TorchTitan, torch.distributed: see torch_pjrt/integrations
+
 # torch.compile(backend="pjrt") is found through the torch_dynamo_backends entry
 # point; register it directly too when Dynamo is already loaded (importing
 # Dynamo here would double the import time).

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +22,11 @@ def _lazy_init() -> None:
 
 def is_initialized() -> bool:
     return _C._is_initialized()
+
+
+def init() -> None:
+    """Starts the plugin now (it otherwise starts on first use), as torch.cuda.init."""
+    _lazy_init()
 
 
 def is_available() -> bool:
@@ -134,32 +141,142 @@ def set_rng_state_all(states: list[torch.Tensor]) -> None:
 
 
 # ---- memory -------------------------------------------------------------------
+# Each tensor's storage is one PJRT buffer, freed with its last tensor: nothing is
+# cached, so reserved = allocated (a plugin that reports its own use, with program
+# temporaries, gives reserved). Keys and meanings follow torch.cuda's.
 
 def memory_stats(device: int | str | torch.device | None = None) -> dict[str, Any]:
-    s = _C._memory_stats(_index(device))
-    return {
-        "allocated_bytes.all.current": s["allocated_bytes"],
-        "allocated_bytes.all.peak": s["peak_allocated_bytes"],
-        "allocation.all.allocated": s["num_allocs"],
-        "allocation.all.freed": s["num_frees"],
-        **{k: v for k, v in s.items() if k.startswith("plugin_")},
-    }
+    """torch.cuda.memory_stats' keys ("allocated_bytes.all.current", "reserved_bytes.all.peak",
+    "active_bytes.all.peak", "num_device_alloc", ...), plus the plugin's own "plugin_*" figures."""
+    idx = _index(device)
+    if not is_initialized():
+        return {}
+    stats: dict[str, Any] = dict(torch.accelerator.memory_stats(idx))
+    stats.update((k, v) for k, v in _C._memory_stats(idx).items() if k.startswith("plugin_"))
+    return stats
+
+
+def _counter(key: str, device: int | str | torch.device | None) -> int:
+    return int(memory_stats(device).get(key, 0))
 
 
 def memory_allocated(device: int | str | torch.device | None = None) -> int:
-    return _C._memory_stats(_index(device))["allocated_bytes"]
+    return _counter("allocated_bytes.all.current", device)
 
 
 def max_memory_allocated(device: int | str | torch.device | None = None) -> int:
-    return _C._memory_stats(_index(device))["peak_allocated_bytes"]
+    return _counter("allocated_bytes.all.peak", device)
+
+
+def memory_reserved(device: int | str | torch.device | None = None) -> int:
+    return _counter("reserved_bytes.all.current", device)
+
+
+def max_memory_reserved(device: int | str | torch.device | None = None) -> int:
+    return _counter("reserved_bytes.all.peak", device)
+
+
+memory_cached = memory_reserved
+max_memory_cached = max_memory_reserved
 
 
 def reset_peak_memory_stats(device: int | str | torch.device | None = None) -> None:
     _C._reset_peak_memory(_index(device))
 
 
+def reset_max_memory_allocated(device: int | str | torch.device | None = None) -> None:
+    """As torch.cuda's: resets every peak (allocated and reserved are one figure here)."""
+    reset_peak_memory_stats(device)
+
+
+reset_max_memory_cached = reset_max_memory_allocated
+
+
+def reset_accumulated_memory_stats(device: int | str | torch.device | None = None) -> None:
+    _C._reset_accumulated_memory(_index(device))
+
+
+def mem_get_info(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    """(free, total) bytes: the plugin's figures, or the host's memory for a CPU plugin."""
+    _lazy_init()
+    free, total = _C._memory_info(_index(device))
+    return int(free), int(total)
+
+
 def empty_cache() -> None:
     """Nothing is cached: buffers are freed when their last tensor goes."""
+
+
+# ---- device description ---------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceProperties:
+    """What torch.cuda.get_device_properties gives that a PJRT device can say.
+
+    `major`/`minor` are the plugin's compute capability where it has one (GPU
+    plugins), else 0; `multi_processor_count` its core count (host cores for a
+    CPU plugin); `attributes` every attribute the plugin describes the device with.
+    """
+
+    name: str
+    type: str
+    platform_version: str
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+    is_integrated: bool
+    index: int
+    attributes: dict[str, str]
+
+
+def _attributes(idx: int) -> dict[str, str]:
+    return dict(a.split("=", 1) for a in _C._device_attributes(idx))
+
+
+def get_device_name(device: int | str | torch.device | None = None) -> str:
+    """The plugin's device kind (e.g. "NVIDIA H200", "TPU v5 lite", "cpu")."""
+    _lazy_init()
+    return str(_C._device_kind(_index(device)))
+
+
+def get_device_capability(device: int | str | torch.device | None = None) -> tuple[int, int]:
+    props = get_device_properties(device)
+    return props.major, props.minor
+
+
+def get_device_properties(device: int | str | torch.device | None = None) -> _DeviceProperties:
+    _lazy_init()
+    idx = _index(device)
+    if not 0 <= idx < device_count():
+        raise ValueError(f"{_NAME}: invalid device index {idx} ({device_count()} devices)")
+    attrs = _attributes(idx)
+    platform, version, _, _ = _C._platform()
+    is_cpu = platform in ("cpu", "host")
+    major, _, minor = attrs.get("compute_capability", "0.0").partition(".")
+    try:
+        total = mem_get_info(idx)[1]
+    except RuntimeError:  # the plugin reports no memory figures
+        total = 0
+    cores = attrs.get("core_count") or (os.cpu_count() if is_cpu else 0)
+    return _DeviceProperties(name=get_device_name(idx), type=str(platform), platform_version=str(version),
+                             total_memory=total, major=int(major or 0), minor=int(minor or 0),
+                             multi_processor_count=int(cores or 0), is_integrated=is_cpu, index=idx,
+                             attributes=attrs)
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Every XLA backend compiles bfloat16 programs (the CPU one computes them in float32
+    and rounds each result, as PyTorch's CPU kernels do)."""
+    return is_available()
+
+
+def __getattr__(name: str) -> Any:
+    # torch.utils.checkpoint and torch.random.fork_rng read `_initialized` (as on
+    # torch.cuda) to decide whether to save and restore this device's RNG state.
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class device:  # noqa: N801  (mirrors torch.cuda.device)

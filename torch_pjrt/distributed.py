@@ -1,7 +1,10 @@
 """torch.distributed on pjrt: the c10d backend ``"pjrt"``.
 
 ``dist.init_process_group("pjrt")``, or ``"cpu:gloo,pjrt:pjrt"`` for groups
-that also move CPU tensors, under ``torchrun``. DDP, FSDP2 (``fully_shard``),
+that also move CPU tensors, under ``torchrun``. A device renamed with
+TORCH_PJRT_DEVICE_NAME (say ``tpu``) keeps the backend ``"pjrt"`` and also gets
+``"tpu_dist"``; either is its default backend, so ``init_process_group()`` with
+no backend picks it. DDP, FSDP2 (``fully_shard``),
 DTensor and ``torch.distributed.checkpoint`` reach it through c10d.
 
 The bytes move host-side through an inner gloo group: device buffer -> host
@@ -24,6 +27,14 @@ import torch.distributed as dist
 from . import _C
 
 BACKEND = "pjrt"
+# The device's name: "pjrt" unless TORCH_PJRT_DEVICE_NAME renamed it (e.g. "tpu").
+DEVICE = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
+
+
+def backend_names() -> list[str]:
+    """The c10d names of this backend: "pjrt", and for a renamed device also
+    "<name>_dist" (the name libraries expect for a "tpu" device: "tpu_dist")."""
+    return [BACKEND] if DEVICE == BACKEND else [BACKEND, f"{DEVICE}_dist"]
 
 
 def _checks_enabled() -> bool:
@@ -33,7 +44,7 @@ def _checks_enabled() -> bool:
 def _select_local_device() -> None:
     """With several devices in this process (a multi-chip plugin), LOCAL_RANK
     (set by torchrun) picks this rank's device unless the script chose one."""
-    device_module = getattr(torch, BACKEND)
+    device_module = getattr(torch, DEVICE)
     local_rank = os.environ.get("LOCAL_RANK")
     count = device_module.device_count()
     if local_rank is not None and count > 1 and device_module.current_device() == 0:
@@ -48,6 +59,8 @@ def _create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.t
 
 def register() -> None:
     """Registers the backend with c10d (done by ``import torch_pjrt``)."""
-    if not dist.is_available() or BACKEND in dist.Backend.backend_list:
+    if not dist.is_available():
         return
-    dist.Backend.register_backend(BACKEND, _create_backend, devices=[BACKEND])
+    for name in backend_names():  # the first registered is the device's default backend
+        if name not in dist.Backend.backend_list:
+            dist.Backend.register_backend(name, _create_backend, devices=[DEVICE])

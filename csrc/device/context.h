@@ -43,9 +43,15 @@ int device_count_or_zero() noexcept;
 c10::DeviceAllocator* allocator();
 struct MemoryCounters {
   int64_t allocated = 0, peak = 0, num_allocs = 0, num_frees = 0;
+  int64_t bytes_allocated_total = 0, bytes_freed_total = 0;
 };
 MemoryCounters memory_counters(int device);
 void reset_peak_memory(int device);
+// Zeroes the cumulative counts (allocations, frees, bytes allocated and freed).
+void reset_accumulated_memory(int device);
+// (free, total) bytes of the device's memory: the plugin's own figures when it has
+// them, the host's (MemAvailable, MemTotal) for a CPU plugin, an error otherwise.
+std::pair<int64_t, int64_t> memory_info(int device);
 
 ir::DType to_ir(at::ScalarType t);
 at::ScalarType to_aten(ir::DType d);

@@ -7,7 +7,10 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <string>
 #include <mutex>
 
 #include "device/context.h"
@@ -54,26 +57,50 @@ class PjrtAllocator final : public c10::DeviceAllocator {
   void emptyCache(c10::MempoolId_t) override {}
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    return device_stats(device < 0 ? 0 : device);
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    auto [free, total] = memory_info(device < 0 ? 0 : device);
+    return {static_cast<size_t>(free), static_cast<size_t>(total)};
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override { reset_accumulated_memory(device < 0 ? 0 : device); }
+  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory(device < 0 ? 0 : device); }
+
+ private:
+  // There is no cache: every allocation is one buffer, held ("reserved") exactly
+  // while a tensor uses it, so allocated = reserved = active and a segment is an
+  // allocation. A plugin that reports its own use (GPU, TPU) counts program
+  // temporaries too: that is its reserved figure. Pools are not split by size.
+  static c10::CachingDeviceAllocator::DeviceStats device_stats(int device) {
+    using c10::CachingDeviceAllocator::StatType;
     c10::CachingDeviceAllocator::DeviceStats stats;
-    auto& c = executor::memory_counter(device < 0 ? 0 : device);
-    auto& agg = stats.allocated_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
-    agg.current = c.allocated;
-    agg.peak = c.peak;
-    auto& res = stats.reserved_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
-    res.current = c.allocated;
-    res.peak = c.peak;
-    auto& act = stats.active_bytes[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
-    act.current = c.allocated;
-    act.peak = c.peak;
-    stats.num_alloc_retries = 0;
-    auto& n = stats.allocation[static_cast<size_t>(c10::CachingDeviceAllocator::StatType::AGGREGATE)];
-    n.current = c.num_allocs - c.num_frees;
-    n.allocated = c.num_allocs;
-    n.freed = c.num_frees;
+    auto c = memory_counters(device);
+    auto all = [](auto& array) -> c10::CachingDeviceAllocator::Stat& {
+      return array[static_cast<size_t>(StatType::AGGREGATE)];
+    };
+    auto fill = [](c10::CachingDeviceAllocator::Stat& st, int64_t current, int64_t peak, int64_t allocated,
+                   int64_t freed) {
+      st.current = current;
+      st.peak = peak;
+      st.allocated = allocated;
+      st.freed = freed;
+    };
+    for (auto* bytes : {&stats.allocated_bytes, &stats.active_bytes, &stats.reserved_bytes, &stats.requested_bytes}) {
+      fill(all(*bytes), c.allocated, c.peak, c.bytes_allocated_total, c.bytes_freed_total);
+    }
+    for (auto* count : {&stats.allocation, &stats.active, &stats.segment}) {
+      fill(all(*count), c.num_allocs - c.num_frees, c.num_allocs - c.num_frees, c.num_allocs, c.num_frees);
+    }
+    runtime::Device::MemoryStats plugin;
+    if (runtime_ready() && rt().device(device).memory_stats(&plugin) && plugin.bytes_in_use > c.allocated) {
+      auto& reserved = all(stats.reserved_bytes);
+      reserved.current = plugin.bytes_in_use;
+      reserved.peak = std::max(plugin.peak_bytes_in_use, plugin.bytes_in_use);
+    }
+    stats.num_device_alloc = c.num_allocs;
+    stats.num_device_free = c.num_frees;
     return stats;
   }
-  void resetAccumulatedStats(c10::DeviceIndex) override {}
-  void resetPeakStats(c10::DeviceIndex device) override { reset_peak_memory(device < 0 ? 0 : device); }
 };
 
 PjrtAllocator g_allocator;
@@ -90,7 +117,43 @@ c10::DeviceAllocator* allocator() { return &g_allocator; }
 
 MemoryCounters memory_counters(int device) {
   auto& c = executor::memory_counter(device);
-  return {c.allocated, c.peak, c.num_allocs, c.num_frees};
+  return {c.allocated, c.peak, c.num_allocs, c.num_frees, c.bytes_allocated_total, c.bytes_freed_total};
+}
+
+void reset_accumulated_memory(int device) {
+  auto& c = executor::memory_counter(device);
+  c.num_allocs = c.num_allocs - c.num_frees;
+  c.num_frees = 0;
+  c.bytes_allocated_total = c.allocated.load();
+  c.bytes_freed_total = 0;
+}
+
+namespace {
+// A /proc/meminfo field in bytes (0 when absent).
+int64_t meminfo_bytes(const std::string& field) {
+  std::ifstream in("/proc/meminfo");
+  std::string name;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> name >> kib) {
+    std::getline(in, unit);
+    if (name == field + ":") return kib * 1024;
+  }
+  return 0;
+}
+}  // namespace
+
+std::pair<int64_t, int64_t> memory_info(int device) {
+  runtime::Device::MemoryStats plugin;
+  if (rt().device(device).memory_stats(&plugin) && plugin.bytes_limit > 0) {
+    return {plugin.bytes_limit - plugin.bytes_in_use, plugin.bytes_limit};
+  }
+  const std::string platform = rt().client().platform_name();
+  TORCH_CHECK(platform == "cpu" || platform == "host",
+              "pjrt: the ", platform, " plugin reports no memory figures for device ", device,
+              " (PJRT_Device_MemoryStats gave no bytes_limit)");
+  // The CPU plugin's device memory is the host's.
+  return {meminfo_bytes("MemAvailable"), meminfo_bytes("MemTotal")};
 }
 
 void reset_peak_memory(int device) {

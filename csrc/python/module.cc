@@ -164,6 +164,7 @@ PYBIND11_MODULE(_C, mod) {
   });
   mod.def("_plugin_attributes", [] { return device::rt().client().api().attributes(); });
   mod.def("_device_kind", [](int d) { return device::rt().device(d).kind(); });
+  mod.def("_device_attributes", [](int d) { return device::rt().device(d).attributes(); });
   mod.def("_metrics", &metrics_dict);
   mod.def("_reset_metrics", [] { executor::metrics().reset(); });
   mod.def("_synchronize", [](int d) {
@@ -242,6 +243,8 @@ PYBIND11_MODULE(_C, mod) {
     return out;
   });
   mod.def("_reset_peak_memory", &device::reset_peak_memory);
+  mod.def("_reset_accumulated_memory", &device::reset_accumulated_memory);
+  mod.def("_memory_info", &device::memory_info);
   mod.def("_set_cache_dir", [](const std::string& dir) { device::rt().set_cache_dir(dir); });
   mod.def("_cache_dir", [] { return device::rt().disk_cache().dir(); });
   mod.def("_memory_cache_size", [] { return device::rt().memory_cache_size(); });

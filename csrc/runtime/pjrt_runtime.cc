@@ -120,12 +120,12 @@ void Api::throw_if_error(PJRT_Error* error, const char* what) const {
   throw PjrtError(static_cast<ErrorCode>(code), std::string(what) + ": " + message);
 }
 
-std::vector<std::string> Api::attributes() const {
+namespace {
+// "name=value" for each of a plugin's named values (int64 lists joined with '.').
+std::vector<std::string> format_named_values(const PJRT_NamedValue* values, size_t count) {
   std::vector<std::string> out;
-  auto args = ARGS(PJRT_Plugin_Attributes_Args);
-  TORCH_PJRT_CALL(*this, PJRT_Plugin_Attributes, &args, "PJRT_Plugin_Attributes");
-  for (size_t i = 0; i < args.num_attributes; ++i) {
-    const PJRT_NamedValue& v = args.attributes[i];
+  for (size_t i = 0; i < count; ++i) {
+    const PJRT_NamedValue& v = values[i];
     std::ostringstream s;
     s << std::string(v.name, v.name_size) << "=";
     switch (v.type) {
@@ -141,6 +141,13 @@ std::vector<std::string> Api::attributes() const {
     out.push_back(s.str());
   }
   return out;
+}
+}  // namespace
+
+std::vector<std::string> Api::attributes() const {
+  auto args = ARGS(PJRT_Plugin_Attributes_Args);
+  TORCH_PJRT_CALL(*this, PJRT_Plugin_Attributes, &args, "PJRT_Plugin_Attributes");
+  return format_named_values(args.attributes, args.num_attributes);
 }
 
 // ---------------------------------------------------------------- Event
@@ -211,11 +218,13 @@ void MemoryCounter::add(int64_t bytes) {
   while (now > prev && !peak.compare_exchange_weak(prev, now)) {
   }
   num_allocs++;
+  bytes_allocated_total += bytes;
 }
 
 void MemoryCounter::sub(int64_t bytes) {
   allocated -= bytes;
   num_frees++;
+  bytes_freed_total += bytes;
 }
 
 void Buffer::track(MemoryCounter* counter, int64_t bytes) {
@@ -307,6 +316,13 @@ std::string Device::kind() const {
   args.device_description = description_of(*api_, device_);
   TORCH_PJRT_CALL(*api_, PJRT_DeviceDescription_Kind, &args, "PJRT_DeviceDescription_Kind");
   return std::string(args.device_kind, args.device_kind_size);
+}
+
+std::vector<std::string> Device::attributes() const {
+  auto args = ARGS(PJRT_DeviceDescription_Attributes_Args);
+  args.device_description = description_of(*api_, device_);
+  TORCH_PJRT_CALL(*api_, PJRT_DeviceDescription_Attributes, &args, "PJRT_DeviceDescription_Attributes");
+  return format_named_values(args.attributes, args.num_attributes);
 }
 
 std::string Device::debug_string() const {

@@ -63,6 +63,8 @@ class Event {
 // report none, so buffers count themselves).
 struct MemoryCounter {
   std::atomic<int64_t> allocated{0}, peak{0}, num_allocs{0}, num_frees{0};
+  // Bytes ever allocated and freed (torch's "allocated_bytes.all.allocated"/".freed").
+  std::atomic<int64_t> bytes_allocated_total{0}, bytes_freed_total{0};
   void add(int64_t bytes);
   void sub(int64_t bytes);
 };
@@ -102,6 +104,9 @@ class Device {
   int id() const;
   std::string kind() const;
   std::string debug_string() const;
+  // The device description's attributes (e.g. compute_capability, core_count on GPUs)
+  // as "name=value" strings.
+  std::vector<std::string> attributes() const;
   struct MemoryStats {
     int64_t bytes_in_use = 0;
     int64_t peak_bytes_in_use = 0;

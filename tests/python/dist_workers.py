@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401  (registers the device and the "pjrt" backend)
 
-DEV = torch.device("pjrt", 0)
+DEV = torch.device(torch_pjrt.DEVICE_NAME, 0)  # "pjrt", or the name TORCH_PJRT_DEVICE_NAME gives
 SCENARIOS: dict[str, Callable[[int, int], dict[str, Any]]] = {}
 
 
@@ -38,7 +38,7 @@ def timeout() -> datetime.timedelta:
 def exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """pjrt's result against CPU gloo's: the same bytes moved and reduced by the
     same gloo code, so they must be equal, bit for bit."""
-    assert got.device.type == "pjrt", f"{what}: result on {got.device}"
+    assert got.device.type == DEV.type, f"{what}: result on {got.device}"
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
@@ -450,6 +450,32 @@ def ddp(rank: int, world: int) -> dict[str, Any]:
     exact(gathered[0], gathered[1].cpu(), "DDP ranks hold the same parameters")
     dist.destroy_process_group()
     return {"max_rel_error": err, "mode": torch_pjrt.eager_mode(), "transport": backend.transport}
+
+
+@scenario
+def renamed_device(rank: int, world: int) -> dict[str, Any]:
+    """Run with TORCH_PJRT_DEVICE_NAME=tpu: no backend named, as scripts written
+    for a "tpu" device do; then the alias those scripts' libraries use ("tpu_dist")."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    assert DEV.type == "tpu", DEV
+    dist.init_process_group(timeout=timeout())
+    backend = dist.group.WORLD._get_backend(DEV)
+    assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
+    model = DDP(_mlp().to(DEV), device_ids=[DEV.index])
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    for step in range(STEPS):
+        x, y = _local_batch(step, rank, world)
+        opt.zero_grad()
+        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        opt.step()
+    got = [p.detach().cpu() for p in model.module.parameters()]
+    err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP on the renamed device")
+    alias = dist.new_group(backend="tpu_dist")
+    total = torch.full((3,), float(rank + 1), device=DEV)
+    dist.all_reduce(total, group=alias)
+    exact(total, torch.full((3,), float(world * (world + 1) // 2)), "all_reduce over tpu_dist")
+    dist.destroy_process_group()
+    return {"max_rel_error": err}
 
 
 @scenario

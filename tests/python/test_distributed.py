@@ -107,6 +107,11 @@ def test_ddp_matches_single_process_training(tmp_path: Any, mode: str) -> None:
     assert reports[0]["mode"] == mode and reports[0]["transport"] == "host (gloo)", reports[0]
 
 
+def test_renamed_device_trains_with_ddp(tmp_path: Any) -> None:
+    """TORCH_PJRT_DEVICE_NAME=tpu: init_process_group() with no backend, DDP, and the "tpu_dist" alias."""
+    assert_ok(run_ranks("renamed_device", tmp_path, env={"TORCH_PJRT_DEVICE_NAME": "tpu"}))
+
+
 def test_fsdp2_matches_single_process_training(tmp_path: Any) -> None:
     assert_ok(run_ranks("fsdp", tmp_path))
 

@@ -1,0 +1,146 @@
+"""Integrations with libraries that have no hook for a new device.
+
+Each library is patched in the smallest place that makes it use pjrt, when the
+module holding that place is imported (or at once, if it already is). Every
+patch is named, says why it exists, and is applied only to the versions it was
+tested with; for any other version it is skipped with a warning naming it.
+``applied()`` and ``skipped()`` list what happened in this process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.abc
+import importlib.machinery
+import importlib.metadata
+import logging
+import re
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+import torch
+
+_log = logging.getLogger("torch_pjrt")
+DEVICE = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    name: str  # e.g. "accelerate.default_device"
+    module: str  # applied when this module has been imported
+    distribution: str  # the pip distribution whose version guards it
+    tested: tuple[str, str]  # [lowest, highest) versions it was tested with
+    reason: str
+    apply: Callable[[ModuleType], None]
+
+
+_PATCHES: list[Patch] = []
+_applied: dict[str, str] = {}
+_skipped: dict[str, str] = {}
+_lock = threading.RLock()
+
+
+def patch(name: str, module: str, distribution: str, tested: tuple[str, str],
+          reason: str) -> Callable[[Callable[[ModuleType], None]], Callable[[ModuleType], None]]:
+    """Declares a patch (a decorator on the function that applies it to the module)."""
+    def register(fn: Callable[[ModuleType], None]) -> Callable[[ModuleType], None]:
+        _PATCHES.append(Patch(name, module, distribution, tested, reason, fn))
+        return fn
+    return register
+
+
+def applied() -> dict[str, str]:
+    """Patch name -> the version of the library it was applied to."""
+    return dict(_applied)
+
+
+def skipped() -> dict[str, str]:
+    """Patch name -> why it was not applied."""
+    return dict(_skipped)
+
+
+def patches() -> list[Patch]:
+    return list(_PATCHES)
+
+
+def device_active() -> bool:
+    """True when torch's current accelerator is this device and it has devices:
+    the condition every patch checks before changing a library's choice."""
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type == DEVICE and getattr(torch, DEVICE).is_available()
+
+
+def _version_key(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+def _in_range(version: str, tested: tuple[str, str]) -> bool:
+    return _version_key(tested[0]) <= _version_key(version) < _version_key(tested[1])
+
+
+def _apply(module_name: str, module: ModuleType) -> None:
+    with _lock:
+        for p in _PATCHES:
+            if p.module != module_name or p.name in _applied or p.name in _skipped:
+                continue
+            try:
+                version = importlib.metadata.version(p.distribution)
+            except importlib.metadata.PackageNotFoundError:
+                version = "unknown"
+            if not _in_range(version, p.tested):
+                _skipped[p.name] = (f"{p.distribution} {version} is outside the versions this patch was "
+                                    f"tested with [{p.tested[0]}, {p.tested[1]})")
+                _log.warning("torch_pjrt: not applying %s (%s): %s", p.name, p.reason, _skipped[p.name])
+                continue
+            p.apply(module)
+            _applied[p.name] = version
+
+
+class _Loader(importlib.abc.Loader):
+    """Runs the module's own loader, then the patches for that module."""
+
+    def __init__(self, inner: importlib.abc.Loader) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        _apply(module.__name__, module)
+
+    def __getattr__(self, name: str) -> object:  # get_source, is_package, ... for tools
+        return getattr(self.inner, name)
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname not in {p.module for p in _PATCHES}:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+_finder = _Finder()
+
+
+def install() -> None:
+    """Loads the patch definitions and applies them as their modules are imported."""
+    from . import hf_accelerate, hf_transformers, torch_distributed  # noqa: F401  (declare their patches)
+
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+    for name in {p.module for p in _PATCHES}:
+        module = sys.modules.get(name)
+        if module is not None:
+            _apply(name, module)
