@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "device/context.h"
+#include "device/device_name.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 #include "lowering/ops.h"
@@ -483,7 +484,7 @@ Tensor transformer_encoder_layer(const Tensor& src, int64_t embed_dim, int64_t n
                                  const Tensor& ffn_weight_1, const Tensor& ffn_bias_1, const Tensor& ffn_weight_2,
                                  const Tensor& ffn_bias_2, const std::optional<Tensor>& mask,
                                  std::optional<int64_t> mask_type) {
-  TORCH_CHECK(!src.is_nested(), "_transformer_encoder_layer_fwd: nested tensors are not supported on pjrt");
+  TORCH_CHECK(!src.is_nested(), "_transformer_encoder_layer_fwd: nested tensors are not supported on ", device_name());
   std::vector<int64_t> shape{embed_dim};
   auto norm = [&](const Tensor& x, const Tensor& w, const Tensor& b) { return at::layer_norm(x, shape, w, b, eps); };
   auto attend = [&](const Tensor& x) {

@@ -1,4 +1,5 @@
 #include "device/context.h"
+#include "device/device_name.h"
 #include "executor/trace.h"
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
@@ -38,7 +39,7 @@ ir::DType to_ir(at::ScalarType t) {
     case at::kComplexFloat: return DType::C64;
     case at::kComplexDouble: return DType::C128;
     default:
-      TORCH_CHECK_TYPE(false, "pjrt: dtype ", t, " is not supported on the pjrt device");
+      TORCH_CHECK_TYPE(false, device_name(), ": dtype ", t, " is not supported on the ", device_name(), " device");
   }
 }
 
@@ -80,12 +81,12 @@ std::atomic<FrameCapture> g_frame_capture{nullptr};
 // (Beside the GraphError overload, so that one name lookup finds both.)
 [[noreturn]] static void rethrow(const runtime::PjrtError& e, const std::string& op) {
   if (e.code() == runtime::ErrorCode::kResourceExhausted) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", op, ": ", e.what());
+    TORCH_CHECK_WITH(OutOfMemoryError, false, device_name(), ": out of device memory in ", op, ": ", e.what());
   }
   if (e.code() == runtime::ErrorCode::kUnimplemented) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "pjrt: ", op, ": ", e.what());
+    TORCH_CHECK_NOT_IMPLEMENTED(false, device_name(), ": ", op, ": ", e.what());
   }
-  TORCH_CHECK(false, "pjrt: ", op, " failed: ", e.what());
+  TORCH_CHECK(false, device_name(), ": ", op, " failed: ", e.what());
 }
 
 // A program of recorded ops failed: name them, with the lines that recorded them.
@@ -95,12 +96,12 @@ std::atomic<FrameCapture> g_frame_capture{nullptr};
                                               " ops: " + executor::describe_ops(e.ops());
   if (e.ops().empty()) ops = "an op";
   if (e.code() == runtime::ErrorCode::kResourceExhausted) {
-    TORCH_CHECK_WITH(OutOfMemoryError, false, "pjrt: out of device memory in ", ops, ": ", e.what());
+    TORCH_CHECK_WITH(OutOfMemoryError, false, device_name(), ": out of device memory in ", ops, ": ", e.what());
   }
   if (e.code() == runtime::ErrorCode::kUnimplemented) {
-    TORCH_CHECK_NOT_IMPLEMENTED(false, "pjrt: ", ops, ": ", e.what());
+    TORCH_CHECK_NOT_IMPLEMENTED(false, device_name(), ": ", ops, ": ", e.what());
   }
-  TORCH_CHECK(false, "pjrt: ", ops, " failed: ", e.what(), ". Its writes were not applied.");
+  TORCH_CHECK(false, device_name(), ": ", ops, " failed: ", e.what(), ". Its writes were not applied.");
 }
 
 namespace {
@@ -142,14 +143,14 @@ executor::Runtime& rt() {
   std::lock_guard<std::mutex> lock(init_mutex());
   if (runtime_slot()) return *runtime_slot();
   const RuntimeConfig& c = config();
-  TORCH_CHECK(c.configured, "pjrt: the PJRT runtime is not configured (import torch_pjrt first)");
-  TORCH_CHECK(!c.plugin_path.empty(), "pjrt: no PJRT plugin found. ", c.missing_message);
+  TORCH_CHECK(c.configured, device_name(), ": the PJRT runtime is not configured (import torch_pjrt first)");
+  TORCH_CHECK(!c.plugin_path.empty(), device_name(), ": no PJRT plugin found. ", c.missing_message);
   std::vector<runtime::ClientOption> options;
   if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
   try {
     runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides);
   } catch (const runtime::PjrtError& e) {
-    TORCH_CHECK(false, "pjrt: could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
+    TORCH_CHECK(false, device_name(), ": could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
                 c.missing_message);
   }
   return *runtime_slot();
@@ -181,7 +182,7 @@ EagerMode parse_eager_mode(const std::string& name) {
   if (name == "strict") return EagerMode::Strict;
   if (name == "fused") return EagerMode::Fused;
   if (name == "debug") return EagerMode::Debug;
-  TORCH_CHECK_VALUE(false, "pjrt: eager mode must be 'strict', 'fused' or 'debug', got '", name, "'");
+  TORCH_CHECK_VALUE(false, device_name(), ": eager mode must be 'strict', 'fused' or 'debug', got '", name, "'");
 }
 
 const char* eager_mode_name(EagerMode mode) {
@@ -285,7 +286,7 @@ void check_deferred_errors() {
     }
     if (bad && first.empty()) first = c.message + executor::recorded_at(c.op);
   }
-  TORCH_CHECK_INDEX(first.empty(), "pjrt: ", first,
+  TORCH_CHECK_INDEX(first.empty(), device_name(), ": ", first,
                     " (detected at this sync point; the op's writes were not applied)");
 }
 
@@ -320,8 +321,8 @@ at::Tensor to_cpu(const at::Tensor& t) {
   // Materialize the view as a dense result on the device, then download it.
   at::Tensor dense = t;
   StorageState* st = state_of(t);
-  TORCH_CHECK(st, "pjrt: to_cpu of a tensor without pjrt storage");
-  TORCH_CHECK(st->has_contents() || !st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
+  TORCH_CHECK(st, device_name(), ": to_cpu of a tensor without pjrt storage");
+  TORCH_CHECK(st->has_contents() || !st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
   bool direct = t.is_contiguous() && t.storage_offset() == 0 &&
                 static_cast<size_t>(t.numel()) * t.element_size() == st->nbytes &&
                 st->dtype == to_ir(t.scalar_type()) && !t.is_conj() && !t.is_neg();
@@ -338,7 +339,7 @@ at::Tensor to_cpu(const at::Tensor& t) {
   auto out = at::empty(t.sizes(), t.options().device(at::kCPU));
   if (t.numel() == 0) return out;
   if (!buffer) {
-    TORCH_CHECK(!st->failed, "pjrt: this tensor cannot be read: ", *st->failed);
+    TORCH_CHECK(!st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
     return out.zero_();
   }
   size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
@@ -356,7 +357,7 @@ at::Tensor to_cpu(const at::Tensor& t) {
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
   at::Tensor src = src_cpu.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
   StorageState* st = state_of(dst);
-  TORCH_CHECK(st, "pjrt: copy_ destination is not a pjrt tensor");
+  TORCH_CHECK(st, device_name(), ": copy_ destination is not a pjrt tensor");
   int device = dst.device().index();
   std::vector<int64_t> dims(dst.sizes().begin(), dst.sizes().end());
   auto buf = upload(src.data_ptr(), to_ir(dst.scalar_type()), dims, device, "copy to pjrt");
@@ -405,7 +406,7 @@ struct PjrtGenerator : public c10::GeneratorImpl {
   }
   void set_state(const c10::TensorImpl& new_state) override {
     TORCH_CHECK(new_state.numel() == 16 && new_state.dtype() == at::kByte,
-                "pjrt: generator state must be a uint8 tensor of 16 bytes");
+                device_name(), ": generator state must be a uint8 tensor of 16 bytes");
     const auto* bytes = static_cast<const uint64_t*>(new_state.data());
     seed_ = bytes[0];
     offset_ = bytes[1];
@@ -471,7 +472,7 @@ at::Generator default_generator(int device) {
     }
   }
   if (device < 0) device = 0;
-  TORCH_CHECK(device < static_cast<int>(gens.size()), "pjrt: no generator for device ", device);
+  TORCH_CHECK(device < static_cast<int>(gens.size()), device_name(), ": no generator for device ", device);
   return gens[device];
 }
 
@@ -494,8 +495,8 @@ OpBuilder::OpBuilder(std::string op_name) : op_(std::move(op_name)), builder_(fr
 int OpBuilder::device_for(const at::Tensor& t) {
   int d = t.device().index();
   if (device_ < 0) device_ = d;
-  TORCH_CHECK(device_ == d, "pjrt: ", op_, ": expected all tensors on pjrt:", device_,
-              " but found one on pjrt:", d);
+  TORCH_CHECK(device_ == d, device_name(), ": ", op_, ": expected all tensors on ", device_name(), ":", device_,
+              " but found one on ", device_name(), ":", d);
   return d;
 }
 
@@ -516,7 +517,7 @@ OpBuilder::StorageSlot& OpBuilder::slot(executor::Storage* s, DType read_dtype, 
     for (int64_t d : s->dims) n *= d;
     slot.flat = builder_.reshape(slot.param, {n});
   } else {
-    TORCH_CHECK(!s->failed, "pjrt: ", op_, ": an input cannot be read: ", *s->failed);
+    TORCH_CHECK(!s->failed, device_name(), ": ", op_, ": an input cannot be read: ", *s->failed);
     // Never written: torch.empty's contents are unspecified; read as zeros.
     slot.flat = builder_.constant(read_dtype, 0, {empty_elements});
   }
@@ -631,7 +632,7 @@ Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
   // The tensor's whole storage, as a flat array of the tensor's dtype.
   device_for(t);
   StorageState* st = state_of(t);
-  TORCH_CHECK(st, "pjrt: ", op_, ": tensor has no pjrt storage");
+  TORCH_CHECK(st, device_name(), ": ", op_, ": tensor has no pjrt storage");
   keep_.push_back(t);
   DType dtype = to_ir(t.scalar_type());
   StorageSlot& s = slot(st, dtype, static_cast<int64_t>(st->nbytes / ir::dtype_size(dtype)));
@@ -656,13 +657,13 @@ Value OpBuilder::input(const at::Tensor& t) {
 }
 
 Value OpBuilder::input_raw(const at::Tensor& t) {
-  TORCH_CHECK(t.defined(), "pjrt: ", op_, ": undefined tensor argument");
+  TORCH_CHECK(t.defined(), device_name(), ": ", op_, ": undefined tensor argument");
   DType T = to_ir(t.scalar_type());
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
   if (!t.device().is_privateuseone()) {
-    TORCH_CHECK(t.device().is_cpu(), "pjrt: ", op_, ": cannot mix pjrt and ", t.device(), " tensors");
-    TORCH_CHECK(t.dim() == 0, "pjrt: ", op_, ": expected all tensors on the pjrt device, but got a CPU tensor with shape ",
-                t.sizes(), " (move it with .to('pjrt'))");
+    TORCH_CHECK(t.device().is_cpu(), device_name(), ": ", op_, ": cannot mix ", device_name(), " and ", t.device(), " tensors");
+    TORCH_CHECK(t.dim() == 0, device_name(), ": ", op_, ": expected all tensors on the ", device_name(), " device, but got a CPU tensor with shape ",
+                t.sizes(), " (move it with .to('", device_name(), "'))");
     if (ir::is_complex(T)) return scalar(t.item(), t.scalar_type());  // two real scalars
     at::Tensor c = t.contiguous();
     return scalar_param(T, c.data_ptr());
@@ -702,7 +703,7 @@ Value OpBuilder::input_raw(const at::Tensor& t) {
 }
 
 void OpBuilder::write(const at::Tensor& dst, Value v) {
-  TORCH_CHECK(dst.device().is_privateuseone(), "pjrt: ", op_, ": output must be a pjrt tensor");
+  TORCH_CHECK(dst.device().is_privateuseone(), device_name(), ": ", op_, ": output must be a pjrt tensor");
   at::assert_no_internal_overlap(dst);
   DType T = to_ir(dst.scalar_type());
   std::vector<int64_t> sizes(dst.sizes().begin(), dst.sizes().end());
@@ -830,14 +831,14 @@ Value OpBuilder::rng_state(const at::Generator& gen) {
   gen_ = gen;
   int gen_device = gen.device().index() < 0 ? 0 : gen.device().index();
   if (device_ < 0) device_ = gen_device;
-  TORCH_CHECK(device_ == gen_device, "pjrt: ", op_, ": the generator is on pjrt:", gen_device,
-              " but the op runs on pjrt:", device_);
+  TORCH_CHECK(device_ == gen_device, device_name(), ": ", op_, ": the generator is on ", device_name(), ":", gen_device,
+              " but the op runs on ", device_name(), ":", device_);
   executor::Storage& st = rng_storage(gen);
   return slot(&st, DType::U64, 2).flat;
 }
 
 void OpBuilder::set_rng_state(Value new_state) {
-  TORCH_CHECK(gen_.defined(), "pjrt: ", op_, ": set_rng_state without rng_state");
+  TORCH_CHECK(gen_.defined(), device_name(), ": ", op_, ": set_rng_state without rng_state");
   StorageSlot& s = slot(&rng_storage(gen_), DType::U64, 2);
   s.flat = builder_.reshape(new_state, {2});
   s.written = true;
@@ -987,11 +988,11 @@ void OpBuilder::run() {
       rethrow(e, op_);
     }
     if (c.nonfinite) {
-      TORCH_CHECK(!(bad & kProducedNaN), "pjrt debug mode: ", op_, " produced NaN");
-      TORCH_CHECK(!(bad & kProducedInf), "pjrt debug mode: ", op_,
+      TORCH_CHECK(!(bad & kProducedNaN), device_name(), " debug mode: ", op_, " produced NaN");
+      TORCH_CHECK(!(bad & kProducedInf), device_name(), " debug mode: ", op_,
                   " produced Inf from finite inputs (an overflow or a division by zero)");
     } else {
-      TORCH_CHECK_INDEX(!bad, "pjrt: ", c.message);
+      TORCH_CHECK_INDEX(!bad, device_name(), ": ", c.message);
     }
   }
 }

@@ -41,6 +41,9 @@ executor::Runtime& rt();
 int device_count_or_zero() noexcept;
 
 c10::DeviceAllocator* allocator();
+// Host memory pinned for the device, and whether a host pointer lies in such memory.
+c10::Allocator* pinned_host_allocator();
+bool is_pinned_host_pointer(const void* p);
 struct MemoryCounters {
   int64_t allocated = 0, peak = 0, num_allocs = 0, num_frees = 0;
   int64_t bytes_allocated_total = 0, bytes_freed_total = 0;

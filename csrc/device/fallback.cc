@@ -7,6 +7,7 @@
 #include <set>
 
 #include "device/context.h"
+#include "device/device_name.h"
 #include "device/fallback.h"
 
 namespace torch_pjrt::device {
@@ -19,7 +20,7 @@ FallbackLogger g_logger;
 void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   std::string name = c10::toString(op.schema().operator_name());
   auto mode = static_cast<FallbackMode>(g_fallback_mode.load());
-  TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, "pjrt: ", name,
+  TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, device_name(), ": ", name,
                               " has no pjrt kernel, and TORCH_PJRT_FALLBACK=error forbids running it on the CPU");
   {
     std::lock_guard<std::mutex> lock(executor::metrics().mu);
@@ -31,7 +32,7 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
     first = g_warned.insert(name).second;
   }
   if (first && mode == FallbackMode::Warn) {
-    TORCH_WARN("pjrt: ", name, " has no pjrt kernel; it runs on the CPU (copies to host and back). "
+    TORCH_WARN(device_name(), ": ", name, " has no pjrt kernel; it runs on the CPU (copies to host and back). "
                "Set TORCH_PJRT_FALLBACK=error to forbid this, or =log to see every call.");
   }
   if (mode == FallbackMode::Log && g_logger) g_logger(name);

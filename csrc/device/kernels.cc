@@ -8,6 +8,7 @@
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/device_name.h"
 #include "device/kernel_util.h"
 #include "lowering/ops.h"
 
@@ -28,7 +29,7 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
     out = at::toRealValueType(self.scalar_type());  // |z| and arg z are real
   }
   if (into && !to_bool) {
-    TORCH_CHECK(at::canCast(out, into->scalar_type()), "pjrt: ", name, ": result type ", out,
+    TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
   }
   Value x = op.input(self);
@@ -145,7 +146,7 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   if (true_div) common = float_result(common);
   at::ScalarType out = comparison ? at::kBool : common;
   if (into) {
-    TORCH_CHECK(at::canCast(out, into->scalar_type()), "pjrt: ", name, ": result type ", out,
+    TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
     if (into->is_same(self) || !comparison) {
       // In-place ops may not broadcast self.
@@ -157,11 +158,11 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   try {
     shape = ir::broadcast_shapes(op.b().dims(x), op.b().dims(y));
   } catch (const std::invalid_argument&) {
-    TORCH_CHECK(false, "pjrt: ", name, ": the size of tensor a (", self.sizes(), ") must match the size of tensor b (",
+    TORCH_CHECK(false, device_name(), ": ", name, ": the size of tensor a (", self.sizes(), ") must match the size of tensor b (",
                 other.sizes(), ") at a non-singleton dimension");
   }
   if (into && into->is_same(self)) {
-    TORCH_CHECK(self.sizes().equals(shape), "pjrt: ", name, "_: output with shape ", self.sizes(),
+    TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", name, "_: output with shape ", self.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
@@ -319,7 +320,7 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
     Value x = op.input(self), y = op.input(other);
     auto shape = ir::broadcast_shapes(op.b().dims(x), op.b().dims(y));
     if (into && into->is_same(self)) {
-      TORCH_CHECK(self.sizes().equals(shape), "pjrt: ", name, "_: output with shape ", self.sizes(),
+      TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", name, "_: output with shape ", self.sizes(),
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
     }
     Value r = L::add_scaled(op.b(), x, y, op.scalar(alpha, common), to_ir(common), subtract);
@@ -420,7 +421,7 @@ at::Tensor& masked_fill_impl(at::Tensor& self, const at::Tensor& mask, const at:
   Value x = op.input(self);
   Value m = op.input(mask);
   auto shape = ir::broadcast_shapes(op.b().dims(x), op.b().dims(m));
-  TORCH_CHECK(self.sizes().equals(shape), "pjrt: masked_fill_: mask of shape ", mask.sizes(),
+  TORCH_CHECK(self.sizes().equals(shape), device_name(), ": masked_fill_: mask of shape ", mask.sizes(),
               " cannot be broadcast to ", self.sizes());
   Value r = L::where(op.b(), m, op.input(value), x, to_ir(self.scalar_type()));
   finish(op, r, self.scalar_type(), &self);
@@ -1133,7 +1134,7 @@ at::Tensor embedding_fn(const at::Tensor& weight, const at::Tensor& indices, int
 
 at::Tensor embedding_backward_fn(const at::Tensor& grad, const at::Tensor& indices, int64_t num_weights,
                                  int64_t padding_idx, bool scale_grad_by_freq) {
-  TORCH_CHECK_NOT_IMPLEMENTED(!scale_grad_by_freq, "pjrt: embedding backward with scale_grad_by_freq");
+  TORCH_CHECK_NOT_IMPLEMENTED(!scale_grad_by_freq, device_name(), ": embedding backward with scale_grad_by_freq");
   OpBuilder op("aten::embedding_dense_backward");
   Value r = L::embedding_backward(op.b(), op.input(grad), op.input(indices), num_weights, padding_idx);
   return finish(op, r, grad.scalar_type(), nullptr);

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "device/context.h"
+#include "device/device_name.h"
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 
@@ -1231,7 +1232,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_fn(
   TORCH_CHECK(indices.dim() == 1 && offsets.dim() == 1, "embedding_bag: expected 1-D indices and offsets, got ",
               indices.sizes(), " and ", offsets.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode must be sum (0), mean (1) or max (2), got ", mode);
-  TORCH_CHECK(!sparse, "pjrt: embedding_bag with sparse=True gradients is not supported");
+  TORCH_CHECK(!sparse, device_name(), ": embedding_bag with sparse=True gradients is not supported");
   bool has_psw = per_sample_weights && per_sample_weights->defined();
   TORCH_CHECK(!has_psw || mode == 0, "embedding_bag: per_sample_weights is only supported for mode='sum' (got mode=", mode, ")");
   int64_t bags = offsets.size(0) - (include_last_offset ? 1 : 0);
@@ -1334,7 +1335,7 @@ at::Tensor embedding_bag_backward_fn(const at::Tensor& grad, const at::Tensor& i
                                      const at::Tensor& max_indices, int64_t num_weights, bool scale_grad_by_freq,
                                      int64_t mode, bool sparse, const std::optional<at::Tensor>& per_sample_weights,
                                      int64_t padding_idx) {
-  TORCH_CHECK(!sparse, "pjrt: embedding_bag with sparse=True gradients is not supported");
+  TORCH_CHECK(!sparse, device_name(), ": embedding_bag with sparse=True gradients is not supported");
   return embedding_bag_dense_backward_fn(grad, indices, offset2bag, bag_size, max_indices, num_weights,
                                          scale_grad_by_freq, mode, per_sample_weights, padding_idx);
 }

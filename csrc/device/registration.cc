@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/device_name.h"
 
 namespace torch_pjrt::device {
 
@@ -38,7 +39,7 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == kType, "pjrt guard: expected a pjrt device, got ", d);
     int n = device_count_or_zero();
-    TORCH_CHECK(d.index() >= 0 && (n == 0 || d.index() < n), "pjrt: invalid device index ", int(d.index()),
+    TORCH_CHECK(d.index() >= 0 && (n == 0 || d.index() < n), device_name(), ": invalid device index ", int(d.index()),
                 " (have ", n, " devices)");
     t_current_device = d.index();
   }
@@ -79,11 +80,11 @@ struct PjrtHooks final : public at::PrivateUse1HooksInterface {
   }
   at::Device getDeviceFromPtr(void* data) const override {
     int d = device_of_address(data);
-    TORCH_CHECK(d >= 0 && d < 64, "pjrt: pointer ", data, " is not a pjrt device address");
+    TORCH_CHECK(d >= 0 && d < 64, device_name(), ": pointer ", data, " is not a pjrt device address");
     return at::Device(c10::DeviceType::PrivateUse1, d);
   }
-  bool isPinnedPtr(const void*) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override { return at::getCPUAllocator(); }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_host_pointer(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_host_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex device_index) const override { return runtime_ready(); }
   void init() const override {}
   c10::DeviceIndex deviceCount() const override { return device_count_or_zero(); }
@@ -119,7 +120,7 @@ namespace {
 // fresh fake address range (addresses of live storages never overlap).
 void resize_storage_bytes(const c10::Storage& storage, size_t newsize) {
   StorageState* st = state_of(storage);
-  TORCH_CHECK(st, "pjrt: resize of a storage that is not pjrt's");
+  TORCH_CHECK(st, device_name(), ": resize of a storage that is not pjrt's");
   size_t oldsize = st->nbytes;
   if (newsize == oldsize) return;
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, st->device_index));

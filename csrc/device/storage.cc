@@ -9,11 +9,15 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <mutex>
 
 #include "device/context.h"
+#include "device/device_name.h"
 
 namespace torch_pjrt::device {
 namespace {
@@ -51,7 +55,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
   }
   c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
   void copy_data(void*, const void*, std::size_t) const override {
-    TORCH_CHECK(false, "pjrt: device memory is not host-addressable; use tensor copies");
+    TORCH_CHECK(false, device_name(), ": device memory is not host-addressable; use tensor copies");
   }
   bool initialized() override { return runtime_ready(); }
   void emptyCache(c10::MempoolId_t) override {}
@@ -105,7 +109,56 @@ class PjrtAllocator final : public c10::DeviceAllocator {
 
 PjrtAllocator g_allocator;
 
+// Host memory "pinned" for the device (tensor.pin_memory(), DataLoader(pin_memory=True),
+// DDP's unused-parameter map). Uploads copy host memory during the call, so any host
+// memory would do; pinned allocations are remembered so that is_pinned() is true for
+// them, and for views into them, as libraries check.
+class PinnedHostAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t nbytes) override {
+    c10::DataPtr inner = c10::GetAllocator(c10::DeviceType::CPU)->allocate(nbytes);
+    void* data = inner.get();
+    auto owner = std::make_unique<Pinned>(Pinned{std::move(inner), this});
+    if (data != nullptr) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      live_[reinterpret_cast<uintptr_t>(data)] = std::max<size_t>(nbytes, 1);
+    }
+    return {data, owner.release(), &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+
+  bool contains(const void* p) {
+    auto address = reinterpret_cast<uintptr_t>(p);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = live_.upper_bound(address);
+    if (it == live_.begin()) return false;
+    --it;
+    return address < it->first + it->second;
+  }
+
+ private:
+  struct Pinned {
+    c10::DataPtr memory;
+    PinnedHostAllocator* allocator;
+  };
+  static void release(void* ctx) {
+    std::unique_ptr<Pinned> pinned(static_cast<Pinned*>(ctx));
+    if (void* data = pinned->memory.get()) {
+      std::lock_guard<std::mutex> lock(pinned->allocator->mutex_);
+      pinned->allocator->live_.erase(reinterpret_cast<uintptr_t>(data));
+    }
+  }
+  std::mutex mutex_;
+  std::map<uintptr_t, size_t> live_;  // start address -> bytes
+};
+
+PinnedHostAllocator g_pinned_allocator;
+
 }  // namespace
+
+c10::Allocator* pinned_host_allocator() { return &g_pinned_allocator; }
+bool is_pinned_host_pointer(const void* p) { return g_pinned_allocator.contains(p); }
 
 // Defined in registration.cc (the guard owns the current device).
 int current_device_index();
@@ -150,7 +203,7 @@ std::pair<int64_t, int64_t> memory_info(int device) {
   }
   const std::string platform = rt().client().platform_name();
   TORCH_CHECK(platform == "cpu" || platform == "host",
-              "pjrt: the ", platform, " plugin reports no memory figures for device ", device,
+              device_name(), ": the ", platform, " plugin reports no memory figures for device ", device,
               " (PJRT_Device_MemoryStats gave no bytes_limit)");
   // The CPU plugin's device memory is the host's.
   return {meminfo_bytes("MemAvailable"), meminfo_bytes("MemTotal")};

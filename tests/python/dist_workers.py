@@ -478,6 +478,69 @@ def renamed_device(rank: int, world: int) -> dict[str, Any]:
     return {"max_rel_error": err}
 
 
+def _hf_ddp_report(rank: int, world: int, got: list[dict[str, torch.Tensor]], what: str) -> dict[str, Any]:
+    """The ranks' parameters after every step are identical, and those of rank 0 follow a
+    single-process full-batch float64 run within 16x float32's own distance to it."""
+    import hf_stack
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, [{n: t.float() for n, t in step.items()} for step in got])
+    for other in gathered[1:]:
+        for step, (a, b) in enumerate(zip(gathered[0], other)):
+            for name in a:
+                assert torch.equal(a[name], b[name]), f"{what}: ranks differ at step {step} in {name}"
+    data = hf_stack.TokenDataset()
+    steps = len(got)
+    full = [torch.stack([data[world * 2 * s + i]["input_ids"] for i in range(world * 2)]) for s in range(steps)]
+    ratio, where = hf_stack.worst_ratio(got, hf_stack.reference_trajectory(torch.float64, full, steps),
+                                        hf_stack.reference_trajectory(torch.float32, full, steps))
+    assert ratio < 1, f"{what}: {ratio:.2f}x the allowed distance from the full-batch float64 run at {where}"
+    return {"worst_ratio": ratio, "steps": steps}
+
+
+@scenario
+def trainer_ddp(rank: int, world: int) -> dict[str, Any]:
+    """An unmodified Trainer under torchrun: DDP over the pjrt process group, 2 sequences per rank."""
+    import hf_stack
+    import transformers
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    recorder = hf_stack.StepRecorder()
+    args = hf_stack.training_args(os.path.join(os.environ["DIST_TEST_OUT"], f"trainer{rank}"), 2, 3)
+    trainer = transformers.Trainer(model=hf_stack.make_llama(), args=args, train_dataset=hf_stack.TokenDataset(),
+                                   callbacks=[recorder])
+    assert args.world_size == world and args.device == DEV, (args.world_size, args.device)
+    trainer.train()
+    assert isinstance(trainer.model_wrapped, DDP), type(trainer.model_wrapped)
+    assert type(dist.group.WORLD._get_backend(DEV)).__name__ == "_ProcessGroupPjrt"
+    return _hf_ddp_report(rank, world, [s.params for s in recorder.states], "Trainer DDP")
+
+
+@scenario
+def accelerate_ddp(rank: int, world: int) -> dict[str, Any]:
+    """A plain accelerate loop (Accelerator(), prepare, backward) under torchrun."""
+    import hf_stack
+    from accelerate import Accelerator
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    accelerator = Accelerator()
+    assert accelerator.device == DEV and accelerator.num_processes == world, (accelerator.device,
+                                                                             accelerator.num_processes)
+    model = hf_stack.make_llama()
+    opt = torch.optim.AdamW(model.parameters(), lr=hf_stack.LR, weight_decay=0.0)
+    loader = torch.utils.data.DataLoader(hf_stack.TokenDataset(), batch_size=2, shuffle=False)
+    model, opt, loader = accelerator.prepare(model, opt, loader)
+    assert isinstance(model, DDP), type(model)
+    got = []
+    for step, batch in enumerate(loader):
+        if step == 3:
+            break
+        assert batch["input_ids"].device == DEV
+        loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
+        accelerator.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        got.append({n: p.detach().to("cpu", torch.float64) for n, p in model.module.named_parameters()})
+    return _hf_ddp_report(rank, world, got, "accelerate DDP")
+
+
 @scenario
 def fsdp(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard

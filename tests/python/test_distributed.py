@@ -112,6 +112,13 @@ def test_renamed_device_trains_with_ddp(tmp_path: Any) -> None:
     assert_ok(run_ranks("renamed_device", tmp_path, env={"TORCH_PJRT_DEVICE_NAME": "tpu"}))
 
 
+@pytest.mark.parametrize("stack", ["trainer", "accelerate"])
+def test_hugging_face_ddp_matches_full_batch_training(tmp_path: Any, stack: str) -> None:
+    """Unmodified Trainer / accelerate loop under torchrun's variables: DDP over pjrt, ranks identical."""
+    reports = run_ranks(f"{stack}_ddp", tmp_path, limit=300)
+    assert_ok(reports)
+
+
 def test_fsdp2_matches_single_process_training(tmp_path: Any) -> None:
     assert_ok(run_ranks("fsdp", tmp_path))
 
