@@ -76,8 +76,28 @@ class PjrtGraph:
         self.is_part = is_part
         self.single_output = _returns_single(gm)  # a part may return one tensor, AOT graphs a tuple
         self.stats = stats
-        self.variants: dict[int, _Variant | _Partitioned | str] = {}  # str: why this layout runs eagerly
+        self.variants: dict[Any, _Variant | _Partitioned | str] = {}  # str: why this layout runs eagerly
         self.constants = [t for t in _held_tensors(gm) if t.device.type == _DEVICE]
+        self.carried: tuple[int, ...] | None = None  # positions of carried inputs, known at the first call
+        self.carried_objects: dict[int, Any] = {}  # id -> object: keys name them by id, so they stay alive
+
+    def _key(self, inputs: list[Any]) -> Any:
+        """The program's key: the tensors' and ints' layout (0: not replayable), and the
+        identity of each carried object (a DTensor graph's DeviceMesh, which it only passes
+        through to its outputs)."""
+        if self.carried is None:
+            self.carried = _carried(inputs)
+        if not self.carried:
+            return _C._layout_key(inputs)
+        carried = set(self.carried)
+        if any(not isinstance(inputs[i], _CARRIED) for i in carried):
+            return 0
+        layout = _C._layout_key([t for i, t in enumerate(inputs) if i not in carried])
+        if not layout:
+            return 0
+        for i in self.carried:
+            self.carried_objects.setdefault(id(inputs[i]), inputs[i])
+        return (layout, *(id(inputs[i]) for i in self.carried))
 
     def __call__(self, *call_args: Any) -> Any:
         if len(call_args) == 1 and isinstance(call_args[0], list):
@@ -87,7 +107,7 @@ class PjrtGraph:
             inputs = list(call_args)
         # The hot path: dense pjrt tensors of one device (and a dynamic graph's
         # sizes), a layout seen before.
-        key = _C._layout_key(inputs)  # 0: not replayable as they are
+        key = self._key(inputs)  # 0: not replayable as they are
         variant = self.variants.get(key) if key else None
         if type(variant) is _Variant:
             out = variant.graph.run(inputs if variant.positions is None else [inputs[i] for i in variant.positions])
@@ -105,7 +125,7 @@ class PjrtGraph:
 
     def _call_slowly(self, inputs: list[Any]) -> Any:
         device = _device_of(inputs)
-        why = _why_not_replayable(inputs, device)
+        why = _why_not_replayable(inputs, device, self.carried or ())
         if why:
             self._note_eager(why)
             return self.gm(*inputs)
@@ -117,7 +137,7 @@ class PjrtGraph:
         # Int inputs (sizes of a dynamic-shape graph) specialize the program: part of the key.
         positions = [i for i, t in enumerate(inputs) if isinstance(t, torch.Tensor)]
         tensors = [inputs[i] for i in positions]
-        key = _C._layout_key(inputs)
+        key = self._key(inputs)
         if not key:  # an int input out of int64's range: no program can be keyed by it
             self._note_eager("an int input does not fit in int64")
             return self.gm(*inputs)
@@ -176,6 +196,11 @@ class PjrtGraph:
 
 
 _DEVICE = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import
+_CARRIED: tuple[type, ...] = ()
+if torch.distributed.is_available():
+    from torch.distributed.device_mesh import DeviceMesh
+
+    _CARRIED = (DeviceMesh,)
 
 
 def _device_of(inputs: Sequence[Any]) -> int:
@@ -185,9 +210,15 @@ def _device_of(inputs: Sequence[Any]) -> int:
     return 0
 
 
-def _why_not_replayable(inputs: Sequence[Any], device: int) -> str:
+def _carried(inputs: Sequence[Any]) -> tuple[int, ...]:
+    """Positions of inputs a graph only carries through: the DeviceMesh of each DTensor
+    (AOTAutograd passes it as an input and returns it with the DTensor's local tensor)."""
+    return tuple(i for i, t in enumerate(inputs) if isinstance(t, _CARRIED))
+
+
+def _why_not_replayable(inputs: Sequence[Any], device: int, carried: Sequence[int] = ()) -> str:
     for i, t in enumerate(inputs):
-        if isinstance(t, int):
+        if isinstance(t, int) or i in carried:
             continue  # a size of a dynamic-shape graph: the program is specialized to it
         if not isinstance(t, torch.Tensor):
             return f"input {i} is a {type(t).__name__}, not a tensor or an int"
@@ -205,7 +236,8 @@ _warned_host_scalars = False
 
 
 def _signature(inputs: Sequence[Any]) -> Signature:
-    return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else (int(t),) for t in inputs)
+    return tuple(tuple(t.shape) if isinstance(t, torch.Tensor) else (int(t),) if isinstance(t, int) else ()
+                 for t in inputs)
 
 
 def _dims(t: Any) -> tuple[Any, ...]:

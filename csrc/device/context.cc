@@ -360,6 +360,16 @@ void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
   TORCH_CHECK(st, device_name(), ": copy_ destination is not a pjrt tensor");
   int device = dst.device().index();
   std::vector<int64_t> dims(dst.sizes().begin(), dst.sizes().end());
+  if (src_cpu.numel() == 1) {
+    // One value (torch.tensor(x, device=...), a fill from a CPU scalar): a runtime scalar
+    // of an op rather than an upload, so a graph being captured (a compiled graph, or a
+    // higher-order op's implementation inside one) keeps it as a constant instead of
+    // stopping. The value was converted to dst's dtype above, so it is exact.
+    OpBuilder op("copy_");
+    op.write(dst, op.b().broadcast_to(op.scalar(src.reshape({-1})[0].item(), dst.scalar_type()), dims));
+    op.run();
+    return;
+  }
   auto buf = upload(src.data_ptr(), to_ir(dst.scalar_type()), dims, device, "copy to pjrt");
   bool whole = dst.is_contiguous() && dst.storage_offset() == 0 &&
                static_cast<size_t>(dst.numel()) * dst.element_size() == st->nbytes && !dst.is_conj() && !dst.is_neg();

@@ -1,8 +1,10 @@
-"""torch.distributed: ``init_process_group()`` with no backend on this device."""
+"""PyTorch itself: ``init_process_group()`` with no backend, and FlexAttention's
+device check, on this device."""
 
 from __future__ import annotations
 
 from types import ModuleType
+from typing import Any
 
 from . import DEVICE, patch
 
@@ -21,3 +23,17 @@ def _default_backend(c10d: ModuleType) -> None:
         original_init(self, backend)
 
     c10d.BackendConfig.__init__ = __init__
+
+
+@patch("torch.flex_attention_device", "torch.nn.attention.flex_attention", "torch", ("2.11.0", "2.15.0"),
+       "flex_attention refuses tensors on any device outside a fixed list (CUDA, CPU, XPU, HPU, MPS); on "
+       f"{DEVICE} it runs as ordinary ops (eager) or inside the compiled program (backend='pjrt'), "
+       "backward included")
+def _flex_attention_device(flex: ModuleType) -> None:
+    original = flex._validate_device
+
+    def _validate_device(query: Any, key: Any, value: Any) -> None:
+        if query.device.type != DEVICE:
+            original(query, key, value)
+
+    flex._validate_device = _validate_device
