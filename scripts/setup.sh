@@ -51,6 +51,14 @@ assert m.version('transformers') == '5.23.0'" 2>/dev/null; then
     | grep -v "^WARNING: Location" || true
 fi
 
+# Training-stack tests: pinned accelerate and TorchTitan (README, "Training stacks").
+if ! "$VPY" -c "import importlib.metadata as m
+assert m.version('accelerate') == '1.15.0' and m.version('torchtitan') == '0.3.0'" 2>/dev/null; then
+  echo "setup: installing training-stack test packages"
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-stacks.txt torch==2.13.0 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+
 mkdir -p build
 if [ ! -f build/build.ninja ]; then
   (cd build && PATH="$ROOT/.venv/bin:$PATH" cmake .. -G Ninja -DPython3_EXECUTABLE="$VPY" >/dev/null)
