@@ -5,6 +5,7 @@ in test_distributed.py (scenarios trainer_ddp and accelerate_ddp)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -79,3 +80,24 @@ def test_device_map_places_the_model_on_pjrt(tmp_path: Any, device_map: str) -> 
         want32 = cpu.float()(ids).logits.double()
     allowed = 16 * (want32 - want64).abs().max() + 16 * hf_stack.EPS32 * want64.abs().max()
     assert (got - want64).abs().max() <= allowed
+
+
+def test_accelerate_launch_starts_ddp_on_pjrt(tmp_path: Any) -> None:
+    """`accelerate launch --num_processes 2` (no config file) runs the accelerate DDP scenario of
+    dist_workers.py on 2 processes over the pjrt process group, not one process."""
+    import os
+    import subprocess
+    import sys
+
+    worker = os.path.join(os.path.dirname(__file__), "dist_workers.py")
+    env = dict(os.environ, HOME=str(tmp_path), HF_HOME=str(tmp_path / "hf"), OMP_NUM_THREADS="1")
+    cli = os.path.join(os.path.dirname(sys.executable), "accelerate")  # the command users type
+    out = subprocess.run([cli, "launch", "--num_processes", "2",
+                          "--main_process_port", "0", worker, "accelerate_ddp", str(tmp_path)],
+                         env=env, capture_output=True, text=True, timeout=300)
+    for rank in range(2):
+        report = tmp_path / f"rank{rank}.json"
+        assert report.exists(), f"rank {rank} did not run:\n{(out.stdout + out.stderr)[-3000:]}"
+        result = json.loads(report.read_text())
+        assert result["ok"], result.get("error")
+    assert out.returncode == 0, out.stderr[-3000:]

@@ -39,6 +39,9 @@ class Patch:
 _PATCHES: list[Patch] = []
 _applied: dict[str, str] = {}
 _skipped: dict[str, str] = {}
+# Modules that were still being imported when torch_pjrt loaded (a library imported
+# first imports torch, which loads torch_pjrt): patched once their import completes.
+_pending: set[str] = set()
 _lock = threading.RLock()
 
 
@@ -80,7 +83,26 @@ def _in_range(version: str, tested: tuple[str, str]) -> bool:
     return _version_key(tested[0]) <= _version_key(version) < _version_key(tested[1])
 
 
-def _apply(module_name: str, module: ModuleType) -> None:
+def _initializing(module: ModuleType) -> bool:
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+def apply_pending() -> None:
+    """Patches the modules whose import was under way when torch_pjrt loaded and has
+    completed since (checked at every later import and by the patched libraries)."""
+    for name in list(_pending):
+        module = sys.modules.get(name)
+        if module is not None and not _initializing(module):
+            _pending.discard(name)
+            _apply(name, module)
+
+
+def _apply(module_name: str, module: ModuleType, executed: bool = False) -> None:
+    """`executed`: the module's code has run (its loader returned), though the import
+    machinery still marks it as initializing."""
+    if not executed and _initializing(module):
+        _pending.add(module_name)
+        return
     with _lock:
         for p in _PATCHES:
             if p.module != module_name or p.name in _applied or p.name in _skipped:
@@ -109,7 +131,7 @@ class _Loader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         self.inner.exec_module(module)
-        _apply(module.__name__, module)
+        _apply(module.__name__, module, executed=True)
 
     def __getattr__(self, name: str) -> object:  # get_source, is_package, ... for tools
         return getattr(self.inner, name)
@@ -118,6 +140,8 @@ class _Loader(importlib.abc.Loader):
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if _pending:
+            apply_pending()
         if fullname not in {p.module for p in _PATCHES}:
             return None
         for finder in sys.meta_path:

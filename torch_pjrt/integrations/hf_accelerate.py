@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import DEVICE, device_active, patch
+from . import DEVICE, apply_pending, device_active, patch
 
 TESTED = ("1.15.0", "1.16.0")
 # Collectives on CPU tensors (gather_object, broadcast_object_list) go through gloo.
@@ -40,6 +40,7 @@ def _default_device(state: ModuleType) -> None:
     original = state.PartialState.default_device
 
     def default_device(self: Any) -> torch.device:
+        apply_pending()  # accelerate.accelerator, if it was mid-import when torch_pjrt loaded
         if device_active():
             return torch.device(DEVICE, _device_module().current_device())
         return original.fget(self)
@@ -56,6 +57,7 @@ def _distributed_type(state: ModuleType) -> None:
 
     def _prepare_backend(self: Any, cpu: bool = False, sagemaker_dp: bool = False,
                          backend: str | None = None) -> tuple[str, Any]:
+        apply_pending()
         if (not cpu and not sagemaker_dp and int(os.environ.get("LOCAL_RANK", -1)) != -1 and _ours(backend)
                 and device_active()):
             return backend or DEFAULT_BACKEND, distributed_type.MULTI_XPU
@@ -139,3 +141,24 @@ def _get_max_memory(modeling: ModuleType) -> None:
 
     get_max_memory.__doc__ = original.__doc__
     modeling.get_max_memory = get_max_memory
+
+
+@patch("accelerate.launch_processes", "accelerate.commands.launch", "accelerate", TESTED,
+       "`accelerate launch --num_processes N` with no config starts one process unless it counts several "
+       "named vendors' devices: N processes on pjrt silently became one; they are launched as for several "
+       "GPUs (torchrun's variables), and with no --num_processes one per pjrt device")
+def _launch_processes(launch: ModuleType) -> None:
+    original = launch._validate_launch_command
+
+    def _validate_launch_command(args: Any) -> Any:
+        configured = args.config_file is not None or os.path.isfile(launch.default_config_file)
+        flags = ("multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+        ours = device_active() and not configured and not any(getattr(args, f, False) for f in flags)
+        if ours and args.num_processes is None:
+            args.num_processes = _device_module().device_count()
+        result = original(args)
+        if ours and args.num_processes > 1:
+            args.multi_gpu = True
+        return result
+
+    launch._validate_launch_command = _validate_launch_command
