@@ -429,21 +429,26 @@ def _local_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.
     return x[rank * n:(rank + 1) * n], y[rank * n:(rank + 1) * n]
 
 
-@scenario
-def ddp(rank: int, world: int) -> dict[str, Any]:
+def _train_ddp(rank: int, world: int, **ddp_options: Any) -> list[torch.Tensor]:
+    """STEPS of SGD on the MLP under DDP (device_ids as CUDA scripts pass them); the parameters after."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    dist.init_process_group("pjrt", timeout=timeout())
-    backend = dist.group.WORLD._get_backend(DEV)
-    assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
-    # device_ids as CUDA scripts pass them (DDP then uses streams and record_stream).
-    model = DDP(_mlp().to(DEV), device_ids=[DEV.index], bucket_cap_mb=0.001)  # several buckets
+    model = DDP(_mlp().to(DEV), device_ids=[DEV.index], **ddp_options)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = _local_batch(step, rank, world)
         opt.zero_grad()
         F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
         opt.step()
-    got = [p.detach().cpu() for p in model.module.parameters()]
+    return [p.detach().cpu() for p in model.module.parameters()]
+
+
+@scenario
+def ddp(rank: int, world: int) -> dict[str, Any]:
+    dist.init_process_group("pjrt", timeout=timeout())
+    backend = dist.group.WORLD._get_backend(DEV)
+    assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
+    # device_ids as CUDA scripts pass them (DDP then uses streams and record_stream).
+    got = _train_ddp(rank, world, bucket_cap_mb=0.001)  # several buckets
     err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP")
     gathered = [torch.empty_like(got[0], device=DEV) for _ in range(world)]
     dist.all_gather(gathered, got[0].to(DEV))
@@ -456,19 +461,11 @@ def ddp(rank: int, world: int) -> dict[str, Any]:
 def renamed_device(rank: int, world: int) -> dict[str, Any]:
     """Run with TORCH_PJRT_DEVICE_NAME=tpu: no backend named, as scripts written
     for a "tpu" device do; then the alias those scripts' libraries use ("tpu_dist")."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
     assert DEV.type == "tpu", DEV
     dist.init_process_group(timeout=timeout())
     backend = dist.group.WORLD._get_backend(DEV)
     assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
-    model = DDP(_mlp().to(DEV), device_ids=[DEV.index])
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    for step in range(STEPS):
-        x, y = _local_batch(step, rank, world)
-        opt.zero_grad()
-        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
-        opt.step()
-    got = [p.detach().cpu() for p in model.module.parameters()]
+    got = _train_ddp(rank, world)
     err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP on the renamed device")
     alias = dist.new_group(backend="tpu_dist")
     total = torch.full((3,), float(rank + 1), device=DEV)
