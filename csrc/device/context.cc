@@ -360,11 +360,12 @@ void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
   TORCH_CHECK(st, device_name(), ": copy_ destination is not a pjrt tensor");
   int device = dst.device().index();
   std::vector<int64_t> dims(dst.sizes().begin(), dst.sizes().end());
-  if (src_cpu.numel() == 1) {
-    // One value (torch.tensor(x, device=...), a fill from a CPU scalar): a runtime scalar
-    // of an op rather than an upload, so a graph being captured (a compiled graph, or a
-    // higher-order op's implementation inside one) keeps it as a constant instead of
-    // stopping. The value was converted to dst's dtype above, so it is exact.
+  if (t_capturing && src_cpu.numel() == 1) {
+    // One value (torch.tensor(x, device=...), as a higher-order op's implementation such
+    // as FlexAttention's makes inside a compiled graph): a constant of an op rather than
+    // an upload, which would stop the capture. Host data met during a capture come from
+    // the graph itself (a host read of device data stops it first), so folding is sound.
+    // The value was converted to dst's dtype above, so it is exact.
     OpBuilder op("copy_");
     op.write(dst, op.b().broadcast_to(op.scalar(src.reshape({-1})[0].item(), dst.scalar_type()), dims));
     op.run();
