@@ -338,10 +338,13 @@ void fused_adam_impl(bool adamw, at::TensorList params, at::TensorList grads, at
   for (size_t i = 0; i < n; ++i) {
     ir::DType dt = L::accumulate_type(to_ir(params[i].scalar_type()));
     auto c = [&](Value like, double v) { return b.scalar_like(like, v); };
+    // What depends on the learning rate is a runtime scalar: a scheduler changes it every
+    // step, and a constant would compile a new program each time.
+    auto runtime = [&](double v) { return op.scalar(v, to_aten(dt)); };
     Value p = b.convert(op.input(params[i]), dt);
     Value g = step_grad(op, grads[i], dt, maximize, grad_scale);
     if (weight_decay != 0) {
-      if (adamw) p = b.binary("multiply", p, c(p, 1 - lr * weight_decay));
+      if (adamw) p = b.binary("multiply", p, b.broadcast_to(runtime(1 - lr * weight_decay), b.dims(p)));
       else g = b.binary("add", g, b.binary("multiply", p, c(p, weight_decay)));
     }
     Value m = b.convert(op.input(exp_avgs[i]), dt), v = b.convert(op.input(exp_avg_sqs[i]), dt);
@@ -355,7 +358,7 @@ void fused_adam_impl(bool adamw, at::TensorList params, at::TensorList grads, at
       return b.unary("negate", b.unary("exponential_minus_one", b.binary("multiply", step, b.constant(dt, std::log(beta)))));
     };
     Value bc1 = bias_correction(beta1), bc2 = bias_correction(beta2);
-    Value step_size = b.broadcast_to(b.binary("divide", b.constant(dt, lr), bc1), b.dims(p));
+    Value step_size = b.broadcast_to(b.binary("divide", runtime(lr), bc1), b.dims(p));
     Value bc2_sqrt = b.broadcast_to(b.unary("sqrt", bc2), b.dims(p));
     Value second = v;
     if (amsgrad) {
@@ -410,7 +413,9 @@ void fused_sgd(at::TensorList params, at::TensorList grads, at::TensorList momen
       write_unless(op, momentum_buffers[i], buf, skip);
       g = nesterov ? b.binary("add", g, b.binary("multiply", buf, b.scalar_like(buf, momentum))) : buf;
     }
-    write_unless(op, params[i], b.binary("subtract", p, b.binary("multiply", g, b.scalar_like(g, lr))), skip);
+    // The learning rate is a runtime scalar (a scheduler changes it every step).
+    Value rate = b.broadcast_to(op.scalar(lr, to_aten(dt)), b.dims(g));
+    write_unless(op, params[i], b.binary("subtract", p, b.binary("multiply", g, rate)), skip);
   }
   op.run();
 }

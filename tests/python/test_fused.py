@@ -333,3 +333,24 @@ def test_explicit_sync_launches_without_waiting_and_is_reported(dev):
     torch.testing.assert_close(y.cpu(), (x.cpu() * 3).exp())
     torch_pjrt.sync()  # nothing pending: a no-op
     assert torch_pjrt.metrics()["graphs"] == 1
+
+
+@pytest.mark.parametrize("make", [lambda ps: torch.optim.AdamW(ps, lr=1e-2, weight_decay=0.1, fused=True),
+                                  lambda ps: torch.optim.SGD(ps, lr=1e-2, momentum=0.9, fused=True)],
+                         ids=["adamw", "sgd"])
+def test_a_learning_rate_schedule_does_not_recompile_fused_optimizers(make) -> None:
+    """The learning rate (which a scheduler changes every step, as the HF Trainer's does) is
+    a runtime argument of the fused optimizer's program, not a constant compiled into it."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(16, 4).to("pjrt")
+    opt = make(list(model.parameters()))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 / (1 + step))
+    compiles = []
+    for _ in range(5):
+        model(torch.randn(8, 16).to("pjrt")).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+        torch_pjrt.synchronize()
+        compiles.append(torch_pjrt.metrics()["compiles"])
+    assert compiles[2] == compiles[-1], compiles
