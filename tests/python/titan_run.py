@@ -163,8 +163,9 @@ def main() -> None:
         return
     options: list[str] = []
     while args and args[0] in ("--cpu", "--float64", "--record"):
-        options += args[:2] if args[0] == "--record" else args[:1]
-        args = args[len(options[-2:]) if args[0] == "--record" else 1:]
+        take = 2 if args[0] == "--record" else 1
+        options += args[:take]
+        args = args[take:]
     flags = args[1:] if args[:1] == ["--"] else args
     cpu = "--cpu" in options
     if cpu:  # the reference run: torch without torch_pjrt
