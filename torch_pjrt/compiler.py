@@ -79,6 +79,7 @@ class PjrtGraph:
         self.variants: dict[Any, _Variant | _Partitioned | str] = {}  # str: why this layout runs eagerly
         self.constants = [t for t in _held_tensors(gm) if t.device.type == _DEVICE]
         self.carried: tuple[int, ...] | None = None  # positions of carried inputs, known at the first call
+        self.kept: list[int] = []  # positions of the others (the program's tensors and ints)
         self.carried_objects: dict[int, Any] = {}  # id -> object: keys name them by id, so they stay alive
 
     def _key(self, inputs: list[Any]) -> Any:
@@ -87,12 +88,12 @@ class PjrtGraph:
         through to its outputs)."""
         if self.carried is None:
             self.carried = _carried(inputs)
+            self.kept = [i for i in range(len(inputs)) if i not in self.carried]
         if not self.carried:
             return _C._layout_key(inputs)
-        carried = set(self.carried)
-        if any(not isinstance(inputs[i], _CARRIED) for i in carried):
+        if any(not isinstance(inputs[i], _CARRIED) for i in self.carried):
             return 0
-        layout = _C._layout_key([t for i, t in enumerate(inputs) if i not in carried])
+        layout = _C._layout_key([inputs[i] for i in self.kept])
         if not layout:
             return 0
         for i in self.carried:

@@ -160,12 +160,14 @@ def _counter(key: str, device: int | str | torch.device | None) -> int:
     return int(memory_stats(device).get(key, 0))
 
 
+# The allocated figures are read straight from the counters (called every step by some
+# trainers); the others go through the full statistics.
 def memory_allocated(device: int | str | torch.device | None = None) -> int:
-    return _counter("allocated_bytes.all.current", device)
+    return int(_C._memory_stats(_index(device))["allocated_bytes"]) if is_initialized() else 0
 
 
 def max_memory_allocated(device: int | str | torch.device | None = None) -> int:
-    return _counter("allocated_bytes.all.peak", device)
+    return int(_C._memory_stats(_index(device))["peak_allocated_bytes"]) if is_initialized() else 0
 
 
 def memory_reserved(device: int | str | torch.device | None = None) -> int:
