@@ -1,0 +1,191 @@
+"""Paged attention for vLLM on pjrt, from ops that run natively on the device.
+
+KV cache, per layer: ``[2, num_blocks * block_size, num_kv_heads, head_size]`` (keys,
+values), indexed by vLLM's slot numbers (block * block_size + offset). Each step the
+new tokens' keys and values are written at their slots (``index_copy_``); each token
+then reads its request's context through the block table (``index_select`` over the
+slots of all of its request's blocks) and attends to the positions up to its own
+(causal; a sliding window when the model has one). Prefill, chunked prefill and
+decode are the same computation, and the shapes depend only on the padded token
+count: one program per bucket. Padding tokens write into block 0, vLLM's null
+block, which no request owns.
+
+Cost: each token gathers its request's whole block table (``max_model_len`` slots),
+so memory and work grow with tokens x ``max_model_len``: a plain reference
+formulation, not a ragged paged-attention kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import ClassVar
+
+import torch
+
+from vllm.config import VllmConfig
+from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl, AttentionLayer,
+                                       AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata, MultipleOf)
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+from vllm.v1.kv_cache_interface import AttentionSpec
+
+from .buckets import Buckets
+
+
+def buckets_of(vllm_config: VllmConfig) -> Buckets:
+    scheduler = vllm_config.scheduler_config
+    return Buckets.for_limits(scheduler.max_num_batched_tokens, scheduler.max_num_seqs)
+
+
+@register_backend(AttentionBackendEnum.CUSTOM)  # vLLM's slot for an out-of-tree backend
+class PjrtAttentionBackend(AttentionBackend):
+    forward_includes_kv_cache_update: bool = True
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float32, torch.bfloat16, torch.float16]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto"]
+
+    @staticmethod
+    def get_name() -> str:
+        return "CUSTOM"
+
+    @staticmethod
+    def get_supported_kernel_block_sizes() -> list[int | MultipleOf]:
+        return [MultipleOf(1)]
+
+    @classmethod
+    def get_supported_head_sizes(cls) -> list[int]:
+        return []  # any
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+    @staticmethod
+    def get_impl_cls() -> type["PjrtAttentionImpl"]:
+        return PjrtAttentionImpl
+
+    @staticmethod
+    def get_builder_cls() -> type["PjrtAttentionMetadataBuilder"]:
+        return PjrtAttentionMetadataBuilder
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           cache_dtype_str: str = "auto") -> tuple[int, ...]:
+        return (2, num_blocks * block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def use_cascade_attention(*args: object, **kwargs: object) -> bool:
+        return False
+
+
+@dataclasses.dataclass
+class PjrtAttentionMetadata:
+    num_actual_tokens: int
+    num_padded_tokens: int
+    slot_mapping: torch.Tensor  # [padded tokens] int64, on the device
+    block_rows: torch.Tensor  # [padded tokens, blocks per request] int64: each token's request's blocks
+    positions: torch.Tensor  # [padded tokens] int64
+    block_size: int
+
+
+def padding_metadata(tokens: int, blocks_per_request: int, block_size: int,
+                     device: torch.device) -> PjrtAttentionMetadata:
+    """Metadata of `tokens` padding tokens (all in the null block): a forward with the
+    same shapes, hence the same program, as a real batch of that bucket."""
+    zeros = torch.zeros(tokens, dtype=torch.int64)
+    rows = torch.zeros(tokens, blocks_per_request, dtype=torch.int64)
+    return PjrtAttentionMetadata(0, tokens, zeros.to(device), rows.to(device), zeros.to(device), block_size)
+
+
+class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadata]):
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
+                 device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        from .worker import model_device
+        self.buckets = buckets_of(vllm_config)
+        self.target = model_device()
+
+    def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
+              fast_build: bool = False) -> PjrtAttentionMetadata:
+        m = common_attn_metadata
+        num_tokens, num_reqs = m.num_actual_tokens, m.num_reqs
+        padded = self.buckets.tokens_for(num_tokens)
+        starts = m.query_start_loc_cpu[:num_reqs + 1].to(torch.int64)
+        query_lens = starts[1:] - starts[:-1]
+        request_of_token = torch.repeat_interleave(torch.arange(num_reqs), query_lens)
+        seq_lens = m.seq_lens[:num_reqs].cpu().to(torch.int64)
+        # A token's position: its request's context before this step, plus its place in the query.
+        positions = (seq_lens - query_lens)[request_of_token] + (torch.arange(num_tokens) - starts[request_of_token])
+        blocks = m.block_table_tensor[:num_reqs].cpu().to(torch.int64)
+
+        slot = torch.zeros(padded, dtype=torch.int64)
+        slot[:num_tokens] = m.slot_mapping[:num_tokens].cpu().clamp_min(0)
+        rows = torch.zeros(padded, blocks.shape[1], dtype=torch.int64)
+        rows[:num_tokens] = blocks[request_of_token]
+        pos = torch.zeros(padded, dtype=torch.int64)
+        pos[:num_tokens] = positions
+        return PjrtAttentionMetadata(num_tokens, padded, slot.to(self.target), rows.to(self.target),
+                                     pos.to(self.target), self.kv_cache_spec.block_size)
+
+
+class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
+    def __init__(self, num_heads: int, head_size: int, scale: float, num_kv_heads: int,
+                 alibi_slopes: list[float] | None, sliding_window: int | None, kv_cache_dtype: str,
+                 logits_soft_cap: float | None = None, attn_type: str = AttentionType.DECODER,
+                 kv_sharing_target_layer_name: str | None = None, sinks: torch.Tensor | None = None) -> None:
+        unsupported = {"ALiBi slopes": alibi_slopes is not None, "attention sinks": sinks is not None,
+                       f"attention type {attn_type!r}": attn_type != AttentionType.DECODER,
+                       f"KV cache dtype {kv_cache_dtype!r}": kv_cache_dtype != "auto",
+                       "KV cache sharing between layers": kv_sharing_target_layer_name is not None}
+        missing = [what for what, used in unsupported.items() if used]
+        if missing:
+            raise NotImplementedError(f"vLLM on pjrt: attention does not support {', '.join(missing)}")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads
+        self.sliding_window = sliding_window
+        self.logits_soft_cap = logits_soft_cap
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+        self.kv_sharing_target_layer_name = kv_sharing_target_layer_name
+
+    def forward(self, layer: AttentionLayer, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, attn_metadata: PjrtAttentionMetadata | None, output: torch.Tensor,
+                output_scale: torch.Tensor | None = None, output_block_scale: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("vLLM on pjrt: quantized attention output is not supported")
+        if attn_metadata is None:  # profiling run without a KV cache
+            return output.zero_()
+        m = attn_metadata
+        tokens, context = query.shape[0], m.block_rows.shape[1] * m.block_size
+        keys, values = kv_cache[0], kv_cache[1]
+        keys.index_copy_(0, m.slot_mapping, key.to(keys.dtype))
+        values.index_copy_(0, m.slot_mapping, value.to(values.dtype))
+
+        # Every token's context: the slots of its request's blocks, in position order.
+        offsets = torch.arange(m.block_size, device=query.device)
+        slots = (m.block_rows.unsqueeze(-1) * m.block_size + offsets).reshape(-1)
+        k = keys.index_select(0, slots).view(tokens, context, self.num_kv_heads, self.head_size)
+        v = values.index_select(0, slots).view(tokens, context, self.num_kv_heads, self.head_size)
+        group = self.num_heads // self.num_kv_heads
+        q = query.view(tokens, self.num_kv_heads, group, self.head_size)
+
+        scores = torch.einsum("tkgd,tlkd->tkgl", q.float(), k.float()) * self.scale
+        if self.logits_soft_cap:
+            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
+        place = torch.arange(context, device=query.device).unsqueeze(0)
+        mine = m.positions.unsqueeze(1)
+        visible = place <= mine
+        if self.sliding_window is not None:
+            visible = visible & (place > mine - self.sliding_window)
+        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        out = torch.einsum("tkgl,tlkd->tkgd", probs, v.float())
+        output.copy_(out.reshape(output.shape).to(output.dtype))
+        return output

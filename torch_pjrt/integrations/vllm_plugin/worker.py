@@ -1,0 +1,202 @@
+"""vLLM worker and model runner on pjrt.
+
+The runner is vLLM's CPU model runner (vLLM's GPU runner without CUDA streams,
+graphs or events): its bookkeeping (input batch, block tables, slot mapping,
+sampling) stays on the host. The model's weights, the KV cache and attention live
+on the pjrt device. Each forward is padded to a token bucket and each logits
+computation to a request bucket (buckets.py) and recorded in fused mode, so it
+runs as one program per bucket; every bucket is compiled at start-up, so serving
+compiles nothing new (``torch_pjrt.metrics()["compiles"]`` stays put).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from contextlib import AbstractContextManager
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+import torch_pjrt
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.logger import init_logger
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.utils import bind_kv_cache
+from vllm.v1.worker.worker_base import CompilationTimes
+
+from vllm.forward_context import set_forward_context
+
+from .attention import PjrtAttentionBackend, buckets_of, padding_metadata
+
+_log = init_logger("vllm.platforms.pjrt")
+
+
+def model_device() -> torch.device:
+    return torch_pjrt.device()
+
+
+@contextlib.contextmanager
+def _one_program() -> Iterator[None]:
+    """Records the block in fused mode as one graph: no cut where an op recurs (a
+    layer's first op recurring in the next layer would cut the forward at a place
+    that depends on what ran before) and no size cut. The block ends in a sync."""
+    policy = torch_pjrt.fusion_policy()
+    torch_pjrt.set_fusion_policy(detect_loops=False, max_ops=1 << 30)
+    try:
+        with torch_pjrt.eager_mode("fused"):
+            yield
+    finally:
+        torch_pjrt.set_fusion_policy(detect_loops=bool(policy["detect_loops"]), max_ops=int(policy["max_ops"]))
+
+
+def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
+    if t.shape[0] == rows:
+        return t
+    pad = t.new_zeros((rows - t.shape[0], *t.shape[1:]))
+    return torch.cat([t, pad])
+
+
+class PjrtModelRunner(CPUModelRunner):
+    def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        super().__init__(vllm_config, torch.device("cpu"))
+        self.target = device
+        self.buckets = buckets_of(vllm_config)
+        self.programs_before_serving: int | None = None
+
+    # --- model -------------------------------------------------------------
+    def load_model(self, load_dummy_weights: bool = False) -> None:
+        super().load_model(load_dummy_weights)
+        self.model.to(self.target)
+        original_logits = self.model.compute_logits
+
+        def compute_logits(hidden_states: torch.Tensor) -> torch.Tensor:
+            rows = hidden_states.shape[0]
+            padded = _pad_rows(hidden_states, self.buckets.requests_for(rows)).to(self.target)
+            with _one_program():
+                logits = original_logits(padded)
+                out = logits.cpu()  # a sync point: the logits program runs here
+            return out[:rows]
+
+        self.model.compute_logits = compute_logits  # the runner calls it on host hidden states
+
+    def _model_forward(self, input_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
+                       intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
+                       **model_kwargs: Any) -> Any:
+        if inputs_embeds is not None or intermediate_tensors is not None or model_kwargs:
+            raise NotImplementedError("vLLM on pjrt: only token-id inputs are supported "
+                                      "(no input embeddings, pipeline stages or multimodal inputs)")
+        tokens = input_ids.shape[0]
+        padded = self.buckets.tokens_for(tokens)
+        # int64 on the host, whatever the runner's buffers hold: the program must not
+        # depend on where the inputs came from (precompiled padding, or a real batch).
+        ids = _pad_rows(input_ids.to(torch.int64), padded).to(self.target)
+        pos = _pad_rows(positions.to(torch.int64), padded).to(self.target)
+        with _one_program():
+            hidden = self.model(input_ids=ids, positions=pos)
+            out = hidden.cpu()  # a sync point: the forward program runs here
+        return out[:tokens]
+
+    # --- KV cache ------------------------------------------------------------
+    def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
+                                    kv_cache_allocation_context: AbstractContextManager | None = None,
+                                    ) -> dict[str, torch.Tensor]:
+        kv_caches: dict[str, torch.Tensor] = {}
+        for group in kv_cache_config.kv_cache_groups:
+            spec = group.kv_cache_spec
+            if not isinstance(spec, AttentionSpec):
+                raise NotImplementedError(f"vLLM on pjrt: KV cache kind {type(spec).__name__} is not supported")
+        # One tensor per layer in this backend's own layout (attention.py), not views into
+        # vLLM's shared byte buffer: the attention code is the only reader.
+        num_blocks = kv_cache_config.num_blocks
+        for tensor in kv_cache_config.kv_cache_tensors:
+            for layer in tensor.layers:
+                group = next(g for g in kv_cache_config.kv_cache_groups if layer in g.layer_names)
+                spec = group.kv_cache_spec
+                shape = PjrtAttentionBackend.get_kv_cache_shape(num_blocks, spec.block_size, spec.num_kv_heads,
+                                                                spec.head_size)
+                kv_caches[layer] = torch.zeros(shape, dtype=spec.dtype, device=self.target)
+        for layer, target_layer in self.shared_kv_cache_layers.items():
+            kv_caches[layer] = kv_caches[target_layer]
+        bind_kv_cache(kv_caches, self.compilation_config.static_forward_context, self.kv_caches, 1,
+                      kv_cache_groups=kv_cache_config.kv_cache_groups)
+        return kv_caches
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        # Attention masks every slot past a token's position, and a cache only ever holds
+        # finite values (zeros, then written keys/values), so reused blocks need no clearing.
+        pass
+
+    # --- start-up compilation ---------------------------------------------------
+    def precompile(self) -> None:
+        """Runs every bucket once, so that each program is compiled before serving: the
+        forward of each token bucket (on padding-only inputs, which write into the null
+        block) and the logits of each request bucket."""
+        start = time.perf_counter()
+        compiles = torch_pjrt.metrics()["compiles"]
+        layers = [name for group in self.kv_cache_config.kv_cache_groups for name in group.layer_names]
+        table = self.input_batch.block_table.block_tables[0]
+        for tokens in self.buckets.tokens:
+            metadata = padding_metadata(tokens, table.max_num_blocks_per_req, table.block_size, self.target)
+            with set_forward_context({name: metadata for name in layers}, self.vllm_config, num_tokens=tokens):
+                self._model_forward(input_ids=torch.zeros(tokens, dtype=torch.int64),
+                                    positions=torch.zeros(tokens, dtype=torch.int64))
+        hidden = self.model_config.get_hidden_size()
+        for rows in self.buckets.requests:
+            self.model.compute_logits(torch.zeros(rows, hidden, dtype=self.model_config.dtype))
+        _log.info("vLLM on pjrt: %d programs compiled for token buckets %s and logits buckets %s in %.1f s",
+                  torch_pjrt.metrics()["compiles"] - compiles, self.buckets.tokens, self.buckets.requests,
+                  time.perf_counter() - start)
+
+
+class PjrtWorker(Worker):
+    def init_device(self) -> None:
+        self.device = model_device()
+        init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
+                                            self.local_rank, "gloo")
+        set_random_seed(self.model_config.seed)
+        self.model_runner = PjrtModelRunner(self.vllm_config, self.device)
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.load_model(load_dummy_weights=load_dummy_weights)
+
+    def determine_available_memory(self) -> int:
+        """KV cache bytes: ``kv_cache_memory_bytes`` when given; else the device's memory
+        times ``gpu_memory_utilization`` less what is allocated, capped at what
+        ``max_num_seqs`` sequences of ``max_model_len`` tokens can use (on a CPU plugin the
+        device memory is the host's, which the cap keeps from being claimed whole)."""
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit:
+            return int(explicit)
+        module = getattr(torch, self.device.type)
+        free, total = module.mem_get_info(self.device.index or 0)
+        budget = int(total * self.cache_config.gpu_memory_utilization) - module.memory_allocated(self.device)
+        budget = min(budget, free)
+        per_token = sum(spec.page_size_bytes // spec.block_size
+                        for spec in self.model_runner.get_kv_cache_spec().values())
+        needed = per_token * (self.scheduler_config.max_num_seqs * self.model_config.max_model_len
+                              + 2 * self.cache_config.block_size)
+        if budget <= 0:
+            raise RuntimeError(f"vLLM on pjrt: no device memory left for the KV cache ({free} of {total} bytes "
+                               "free); lower the model size or raise gpu_memory_utilization")
+        return min(budget, needed)
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        self.model_runner.precompile()
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=self.compilation_config.compilation_time,
+                                encoder=self.compilation_config.encoder_compilation_time)
+
+    def _maybe_get_memory_pool_context(self, tag: str) -> AbstractContextManager:
+        return contextlib.nullcontext()  # vLLM's sleep-mode memory pool is CUDA's
+
+    def sleep(self, level: int = 1) -> None:
+        _log.warning("vLLM on pjrt: sleep mode is not supported; ignored")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        _log.warning("vLLM on pjrt: sleep mode is not supported; ignored")
