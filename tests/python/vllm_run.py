@@ -1,0 +1,73 @@
+"""Runs vLLM's offline engine in its own process (vLLM patches process-wide state) and
+prints what the serving tests check, as JSON on the last line of stdout.
+
+    python vllm_run.py MODEL_DIR JOB.json
+
+JOB: {"prompts": [[token ids], ...], "max_tokens": n, "workload": [[token ids], ...],
+"engine": {LLM keyword arguments}}. Output: greedy token ids of the prompts batched
+together; three seeded sampled runs (seed A twice, seed B); the compiles, program
+executions and CPU fallbacks while serving the workload after start-up; the engine's
+buckets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "pjrt")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process: its metrics are ours
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main() -> None:
+    model_dir, job_path = sys.argv[1], sys.argv[2]
+    with open(job_path) as f:
+        job = json.load(f)
+    import torch_pjrt
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 16, "max_num_batched_tokens": 128,
+              "seed": 0, **job.get("engine", {})}
+    start = torch_pjrt.metrics()
+    llm = LLM(model=model_dir, **engine)
+    ready = torch_pjrt.metrics()
+
+    def run(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [list(o.outputs[0].token_ids) for o in outs]
+
+    n = job["max_tokens"]
+    result: dict[str, object] = {
+        "start_up": {"compiles": ready["compiles"] - start["compiles"],
+                     "disk_cache_hits": ready["disk_cache_hits"] - start["disk_cache_hits"]},
+        "greedy": run(job["prompts"], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)),
+    }
+    for name, seed in (("sampled_a", 7), ("sampled_a_again", 7), ("sampled_b", 8)):
+        result[name] = run(job["prompts"], SamplingParams(max_tokens=n, temperature=1.0, top_p=0.9, seed=seed,
+                                                          ignore_eos=True))
+    before = torch_pjrt.metrics()
+    lengths = job.get("workload_max_tokens", [n])
+    params = [SamplingParams(max_tokens=lengths[i % len(lengths)], temperature=0.0, ignore_eos=True)
+              for i in range(len(job["workload"]))]
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in job["workload"]], params, use_tqdm=False)
+    after = torch_pjrt.metrics()
+    result["workload"] = {
+        "requests": len(outs), "tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+        "compiles": after["compiles"] - before["compiles"],
+        "new_programs": {k: v - before["compiles_by_op"].get(k, 0) for k, v in after["compiles_by_op"].items()
+                         if v != before["compiles_by_op"].get(k, 0)},
+        "executions": after["executions"] - before["executions"],
+        "fallbacks": {k: v - before["fallbacks"].get(k, 0) for k, v in after["fallbacks"].items()
+                      if v != before["fallbacks"].get(k, 0)},
+    }
+    result["fallbacks_total"] = dict(after["fallbacks"])
+    import vllm.platforms
+    result["platform"] = type(vllm.platforms.current_platform).__name__
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
