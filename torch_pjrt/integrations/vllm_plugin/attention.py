@@ -1,14 +1,14 @@
 """Paged attention for vLLM on pjrt, from ops that run natively on the device.
 
-KV cache, per layer: ``[2, num_blocks * block_size, num_kv_heads, head_size]`` (keys,
-values), indexed by vLLM's slot numbers (block * block_size + offset). Each step the
-new tokens' keys and values are written at their slots (``index_copy_``); each token
-then reads its request's context through the block table (``index_select`` over the
-slots of all of its request's blocks) and attends to the positions up to its own
-(causal; a sliding window when the model has one). Prefill, chunked prefill and
-decode are the same computation, and the shapes depend only on the padded token
-count: one program per bucket. Padding tokens write into block 0, vLLM's null
-block, which no request owns.
+KV cache, per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (keys,
+values). Each step the new tokens' keys and values are written at vLLM's slots
+(block * block_size + offset, ``index_copy_``); each token then reads its request's
+context through the block table (``index_select`` of whole blocks: whole-block rows
+gather about twice as fast as single slots on the XLA CPU plugin) and attends to the
+positions up to its own (causal; a sliding window when the model has one). Prefill,
+chunked prefill and decode are the same computation, and the shapes depend only on
+the padded token count: one program per bucket. Padding tokens write into block 0,
+vLLM's null block, which no request owns.
 
 Cost: each token gathers its request's whole block table (``max_model_len`` slots),
 so memory and work grow with tokens x ``max_model_len``: a plain reference
@@ -73,7 +73,7 @@ class PjrtAttentionBackend(AttentionBackend):
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
-        return (2, num_blocks * block_size, num_kv_heads, head_size)
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
 
     @staticmethod
     def use_cascade_attention(*args: object, **kwargs: object) -> bool:
@@ -83,20 +83,21 @@ class PjrtAttentionBackend(AttentionBackend):
 @dataclasses.dataclass
 class PjrtAttentionMetadata:
     num_actual_tokens: int
-    num_padded_tokens: int
+    num_requests: int
     slot_mapping: torch.Tensor  # [padded tokens] int64, on the device
     block_rows: torch.Tensor  # [padded tokens, blocks per request] int64: each token's request's blocks
     positions: torch.Tensor  # [padded tokens] int64
-    block_size: int
+    last_tokens: torch.Tensor  # [padded requests] int64: each request's last token (its logits row)
 
 
-def padding_metadata(tokens: int, blocks_per_request: int, block_size: int,
+def padding_metadata(tokens: int, requests: int, blocks_per_request: int,
                      device: torch.device) -> PjrtAttentionMetadata:
-    """Metadata of `tokens` padding tokens (all in the null block): a forward with the
-    same shapes, hence the same program, as a real batch of that bucket."""
+    """Metadata of a step of padding only (all in the null block): the same shapes,
+    hence the same program, as a real step of that bucket."""
     zeros = torch.zeros(tokens, dtype=torch.int64)
     rows = torch.zeros(tokens, blocks_per_request, dtype=torch.int64)
-    return PjrtAttentionMetadata(0, tokens, zeros.to(device), rows.to(device), zeros.to(device), block_size)
+    last = torch.zeros(requests, dtype=torch.int64)
+    return PjrtAttentionMetadata(0, 0, zeros.to(device), rows.to(device), zeros.to(device), last.to(device))
 
 
 class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadata]):
@@ -128,8 +129,10 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
         rows[:num_tokens] = blocks[request_of_token]
         pos = torch.zeros(padded, dtype=torch.int64)
         pos[:num_tokens] = positions
-        return PjrtAttentionMetadata(num_tokens, padded, slot.to(self.target), rows.to(self.target),
-                                     pos.to(self.target), self.kv_cache_spec.block_size)
+        last = torch.zeros(self.buckets.requests_for(num_reqs), dtype=torch.int64)
+        last[:num_reqs] = starts[1:] - 1
+        return PjrtAttentionMetadata(num_tokens, num_reqs, slot.to(self.target), rows.to(self.target),
+                                     pos.to(self.target), last.to(self.target))
 
 
 class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
@@ -163,16 +166,17 @@ class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
         if attn_metadata is None:  # profiling run without a KV cache
             return output.zero_()
         m = attn_metadata
-        tokens, context = query.shape[0], m.block_rows.shape[1] * m.block_size
+        blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+        tokens, context = query.shape[0], m.block_rows.shape[1] * block_size
         keys, values = kv_cache[0], kv_cache[1]
-        keys.index_copy_(0, m.slot_mapping, key.to(keys.dtype))
-        values.index_copy_(0, m.slot_mapping, value.to(values.dtype))
+        slots = (blocks * block_size, self.num_kv_heads, self.head_size)
+        keys.view(slots).index_copy_(0, m.slot_mapping, key.to(keys.dtype))
+        values.view(slots).index_copy_(0, m.slot_mapping, value.to(values.dtype))
 
-        # Every token's context: the slots of its request's blocks, in position order.
-        offsets = torch.arange(m.block_size, device=query.device)
-        slots = (m.block_rows.unsqueeze(-1) * m.block_size + offsets).reshape(-1)
-        k = keys.index_select(0, slots).view(tokens, context, self.num_kv_heads, self.head_size)
-        v = values.index_select(0, slots).view(tokens, context, self.num_kv_heads, self.head_size)
+        # Every token's context: its request's blocks, in position order.
+        rows = m.block_rows.reshape(-1)
+        k = keys.index_select(0, rows).view(tokens, context, self.num_kv_heads, self.head_size)
+        v = values.index_select(0, rows).view(tokens, context, self.num_kv_heads, self.head_size)
         group = self.num_heads // self.num_kv_heads
         q = query.view(tokens, self.num_kv_heads, group, self.head_size)
 

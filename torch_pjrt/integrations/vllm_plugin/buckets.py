@@ -1,6 +1,6 @@
-"""Padded shapes. Every program the engine runs has one of a few token counts (the
-model forward) or request counts (the logits), fixed at start-up from the
-scheduler's limits and all compiled then, so serving compiles nothing new."""
+"""Padded shapes. Every step's program has one of a few token counts and request
+counts, fixed at start-up from the scheduler's limits and all compiled then, so
+serving compiles nothing new."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ def _powers_of_two(smallest: int, largest: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    tokens: tuple[int, ...]  # padded token counts of a forward
-    requests: tuple[int, ...]  # padded row counts of a logits computation
+    tokens: tuple[int, ...]  # padded token counts of a step
+    requests: tuple[int, ...]  # padded request counts of a step (rows of logits)
 
     @classmethod
     def for_limits(cls, max_num_batched_tokens: int, max_num_seqs: int) -> "Buckets":
@@ -41,4 +41,8 @@ class Buckets:
         return self._pick(self.tokens, num_tokens, "tokens")
 
     def requests_for(self, num_requests: int) -> int:
-        return self._pick(self.requests, num_requests, "rows of logits")
+        return self._pick(self.requests, num_requests, "requests")
+
+    def forward_shapes(self) -> list[tuple[int, int]]:
+        """Every (tokens, requests) pair a step can have: a request has at least one token."""
+        return [(t, r) for t in self.tokens for r in self.requests if r <= t or r == self.requests[0]]

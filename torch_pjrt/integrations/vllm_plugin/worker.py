@@ -29,7 +29,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from vllm.forward_context import set_forward_context
+from vllm.forward_context import get_forward_context, set_forward_context
 
 from .attention import PjrtAttentionBackend, buckets_of, padding_metadata
 
@@ -63,30 +63,46 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
 
 class PjrtModelRunner(CPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
+        # The CPU runner turns torch.accelerator's synchronize and empty_cache into no-ops for
+        # the whole process; here the accelerator is pjrt, and they must keep working.
+        synchronize, empty_cache = torch.accelerator.synchronize, torch.accelerator.empty_cache
         super().__init__(vllm_config, torch.device("cpu"))
+        torch.accelerator.synchronize, torch.accelerator.empty_cache = synchronize, empty_cache
         self.target = device
         self.buckets = buckets_of(vllm_config)
-        self.programs_before_serving: int | None = None
 
     # --- model -------------------------------------------------------------
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights)
         self.model.to(self.target)
-        original_logits = self.model.compute_logits
+        device_logits = self.model.compute_logits
+        self._device_logits = device_logits
 
         def compute_logits(hidden_states: torch.Tensor) -> torch.Tensor:
             rows = hidden_states.shape[0]
+            ready = self._step_logits
+            self._step_logits = None
+            if ready is not None:
+                if ready.shape[0] != rows:
+                    raise RuntimeError(f"vLLM on pjrt: the runner asked for {rows} rows of logits, the step "
+                                       f"computed {ready.shape[0]} (one per request)")
+                return ready
             padded = _pad_rows(hidden_states, self.buckets.requests_for(rows)).to(self.target)
             with _one_program():
-                logits = original_logits(padded)
-                out = logits.cpu()  # a sync point: the logits program runs here
-            return out[:rows]
+                return device_logits(padded).cpu()[:rows]
 
-        self.model.compute_logits = compute_logits  # the runner calls it on host hidden states
+        # The runner calls it on the forward's host hidden states, sliced at each request's
+        # last token: in the usual step those logits were computed in the forward's program.
+        self.model.compute_logits = compute_logits
+        self._step_logits: torch.Tensor | None = None
 
     def _model_forward(self, input_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                        intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
                        **model_kwargs: Any) -> Any:
+        """One program per step: the forward and the logits at each request's last token.
+        Returns host hidden states of the real tokens: real ones when the runner needs
+        them (prompt logprobs), else a placeholder it only slices for compute_logits,
+        which then returns the logits this program computed."""
         if inputs_embeds is not None or intermediate_tensors is not None or model_kwargs:
             raise NotImplementedError("vLLM on pjrt: only token-id inputs are supported "
                                       "(no input embeddings, pipeline stages or multimodal inputs)")
@@ -96,10 +112,15 @@ class PjrtModelRunner(CPUModelRunner):
         # depend on where the inputs came from (precompiled padding, or a real batch).
         ids = _pad_rows(input_ids.to(torch.int64), padded).to(self.target)
         pos = _pad_rows(positions.to(torch.int64), padded).to(self.target)
+        metadata = next(iter(get_forward_context().attn_metadata.values()))
+        needs_hidden = self.is_pooling_model or bool(self.num_prompt_logprobs)
         with _one_program():
             hidden = self.model(input_ids=ids, positions=pos)
-            out = hidden.cpu()  # a sync point: the forward program runs here
-        return out[:tokens]
+            if needs_hidden:
+                return hidden.cpu()[:tokens]
+            logits = self._device_logits(hidden.index_select(0, metadata.last_tokens))
+            self._step_logits = logits.cpu()[:metadata.num_requests]  # the program runs here
+        return torch.empty(tokens, hidden.shape[1], dtype=hidden.dtype)
 
     # --- KV cache ------------------------------------------------------------
     def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
@@ -134,29 +155,32 @@ class PjrtModelRunner(CPUModelRunner):
     # --- start-up compilation ---------------------------------------------------
     @torch.no_grad()
     def precompile(self) -> None:
-        """Runs every bucket once, so that each program is compiled before serving: the
-        forward of each token bucket (on padding-only inputs, which write into the null
-        block) and the logits of each request bucket."""
+        """Runs every bucket once, so that each program is compiled before serving: a step
+        of each (tokens, requests) bucket on padding-only inputs (they write into the null
+        block)."""
         start = time.perf_counter()
         compiles = torch_pjrt.metrics()["compiles"]
         layers = [name for group in self.kv_cache_config.kv_cache_groups for name in group.layer_names]
         table = self.input_batch.block_table.block_tables[0]
-        for tokens in self.buckets.tokens:
-            metadata = padding_metadata(tokens, table.max_num_blocks_per_req, table.block_size, self.target)
+        for tokens, requests in self.buckets.forward_shapes():
+            metadata = padding_metadata(tokens, requests, table.max_num_blocks_per_req, self.target)
             with set_forward_context({name: metadata for name in layers}, self.vllm_config, num_tokens=tokens):
                 self._model_forward(input_ids=torch.zeros(tokens, dtype=torch.int64),
                                     positions=torch.zeros(tokens, dtype=torch.int64))
-        hidden = self.model_config.get_hidden_size()
-        for rows in self.buckets.requests:
-            self.model.compute_logits(torch.zeros(rows, hidden, dtype=self.model_config.dtype))
-        _log.info("vLLM on pjrt: %d programs compiled for token buckets %s and logits buckets %s in %.1f s",
-                  torch_pjrt.metrics()["compiles"] - compiles, self.buckets.tokens, self.buckets.requests,
-                  time.perf_counter() - start)
+            self._step_logits = None
+        _log.info("vLLM on pjrt: programs for %d (tokens, requests) buckets ready in %.1f s (%d compiled, the "
+                  "others from the program cache): tokens %s, requests %s", len(self.buckets.forward_shapes()),
+                  time.perf_counter() - start, torch_pjrt.metrics()["compiles"] - compiles, self.buckets.tokens,
+                  self.buckets.requests)
 
 
 class PjrtWorker(Worker):
     def init_device(self) -> None:
         self.device = model_device()
+        # Host-side torch work here is bookkeeping on small tensors. With more threads,
+        # OpenMP's spinning workers take the cores the device (the XLA CPU plugin's own
+        # thread pool) needs: a trivial program's round trip went from 0.4 to 2.5 ms.
+        torch.set_num_threads(1)
         init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
                                             self.local_rank, "gloo")
         set_random_seed(self.model_config.seed)
