@@ -23,7 +23,7 @@ class PjrtPlatform(Platform):
     device_name: str = DEVICE
     device_type: str = DEVICE
     dispatch_key: str = "PrivateUse1"
-    dist_backend: str = "gloo"  # vLLM's collectives run on its CPU group; see check_and_update_config
+    dist_backend: str = "pjrt"  # the device group of vLLM's process groups (its CPU group is gloo)
     simple_compile_backend: str = "pjrt"
     supported_quantization: list[str] = []
 

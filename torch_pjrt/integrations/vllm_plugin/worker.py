@@ -13,15 +13,18 @@ from __future__ import annotations
 
 import contextlib
 import time
-from contextlib import AbstractContextManager
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import torch
 
 import torch_pjrt
+from torch_pjrt import _C
 from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.logger import init_logger
+from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
@@ -29,9 +32,7 @@ from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environmen
 from vllm.v1.worker.utils import bind_kv_cache
 from vllm.v1.worker.worker_base import CompilationTimes
 
-from vllm.forward_context import get_forward_context, set_forward_context
-
-from .attention import PjrtAttentionBackend, buckets_of, padding_metadata
+from .attention import PjrtAttentionBackend, PjrtAttentionMetadata, buckets_of, padding_metadata
 
 _log = init_logger("vllm.platforms.pjrt")
 
@@ -95,6 +96,8 @@ class PjrtModelRunner(CPUModelRunner):
         # last token: in the usual step those logits were computed in the forward's program.
         self.model.compute_logits = compute_logits
         self._step_logits: torch.Tensor | None = None
+        self._weights = [t for t in (*self.model.parameters(), *self.model.buffers()) if t.device == self.target]
+        self._programs: dict[int, Any] = {}  # layout key -> replayable program, or why it is not
 
     def _model_forward(self, input_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                        intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
@@ -113,14 +116,46 @@ class PjrtModelRunner(CPUModelRunner):
         ids = _pad_rows(input_ids.to(torch.int64), padded).to(self.target)
         pos = _pad_rows(positions.to(torch.int64), padded).to(self.target)
         metadata = next(iter(get_forward_context().attn_metadata.values()))
-        needs_hidden = self.is_pooling_model or bool(self.num_prompt_logprobs)
-        with _one_program():
-            hidden = self.model(input_ids=ids, positions=pos)
-            if needs_hidden:
-                return hidden.cpu()[:tokens]
-            logits = self._device_logits(hidden.index_select(0, metadata.last_tokens))
-            self._step_logits = logits.cpu()[:metadata.num_requests]  # the program runs here
-        return torch.empty(tokens, hidden.shape[1], dtype=hidden.dtype)
+        if self.is_pooling_model or self.num_prompt_logprobs:
+            with _one_program():
+                return self.model(input_ids=ids, positions=pos).cpu()[:tokens]
+        self._step_logits = self._step(ids, pos, metadata).cpu()[:metadata.num_requests]
+        return torch.empty(tokens, self.model_config.get_hidden_size(), dtype=self.model_config.dtype)
+
+    def _record_step(self, ids: torch.Tensor, pos: torch.Tensor, metadata: PjrtAttentionMetadata) -> torch.Tensor:
+        hidden = self.model(input_ids=ids, positions=pos)
+        return self._device_logits(hidden.index_select(0, metadata.last_tokens))
+
+    def _step(self, ids: torch.Tensor, pos: torch.Tensor, metadata: PjrtAttentionMetadata) -> torch.Tensor:
+        """The step's logits. Each bucket's first step is recorded as one program (a capture,
+        as torch.compile's graphs are); later steps replay it on their inputs, with no
+        Python in between: no model code, no op dispatch. Should a capture fail (the
+        model reads a device tensor that is neither an input nor a weight), that bucket
+        is recorded in fused mode at every step instead, still as one program."""
+        inputs = [ids, pos, metadata.slot_mapping, metadata.block_rows, metadata.positions,
+                  metadata.last_tokens, *self._kv_list]
+        key = _C._layout_key(inputs)
+        program = self._programs.get(key)
+        if isinstance(program, _C._CompiledGraph):
+            out = program.run(inputs)
+            if out is not None:
+                return out[0]
+        if isinstance(program, str):
+            with _one_program():
+                return self._record_step(ids, pos, metadata)
+        device = self.target.index or 0
+        _C._capture_begin(device)
+        try:
+            logits = self._record_step(ids, pos, metadata)
+        except BaseException:
+            _C._capture_abort(device)
+            raise
+        graph, why = _C._capture_end(device, inputs, [logits], self._weights)
+        self._programs[key] = graph if graph is not None else why
+        if graph is None:
+            _log.warning("vLLM on pjrt: a step of %d tokens is recorded op by op at every step (into one "
+                         "program) because it cannot be replayed: %s", ids.shape[0], why)
+        return logits
 
     # --- KV cache ------------------------------------------------------------
     def initialize_kv_cache_tensors(self, kv_cache_config: KVCacheConfig, kernel_block_sizes: list[int],
@@ -145,6 +180,7 @@ class PjrtModelRunner(CPUModelRunner):
             kv_caches[layer] = kv_caches[target_layer]
         bind_kv_cache(kv_caches, self.compilation_config.static_forward_context, self.kv_caches, 1,
                       kv_cache_groups=kv_cache_config.kv_cache_groups)
+        self._kv_list = list({id(t): t for t in kv_caches.values()}.values())
         return kv_caches
 
     def _zero_block_ids(self, block_ids: list[int]) -> None:
@@ -182,7 +218,7 @@ class PjrtWorker(Worker):
         # thread pool) needs: a trivial program's round trip went from 0.4 to 2.5 ms.
         torch.set_num_threads(1)
         init_worker_distributed_environment(self.vllm_config, self.rank, self.distributed_init_method,
-                                            self.local_rank, "gloo")
+                                            self.local_rank, current_platform.dist_backend)
         set_random_seed(self.model_config.seed)
         self.model_runner = PjrtModelRunner(self.vllm_config, self.device)
 
