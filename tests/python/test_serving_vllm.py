@@ -96,7 +96,7 @@ def engine_run(request: pytest.FixtureRequest, models: dict[str, str],
     g = torch.Generator().manual_seed(1)
     lengths = torch.randint(1, 220, (40,), generator=g).tolist()
     job = {"prompts": prompts, "max_tokens": MAX_TOKENS, "workload": _prompts(2, lengths, vocab),
-           "workload_max_tokens": [1, 5, 17, 26]}
+           "workload_max_tokens": [1, 5, 17, 26], "logprobs_prompt": 6}
     return kind, _run_engine(models[kind], job, tmp_path_factory.mktemp(f"vllm_{kind}")), prompts
 
 
@@ -150,6 +150,21 @@ def test_serving_compiles_nothing_after_start_up(engine_run: tuple[str, dict, li
     assert work["compiles"] == 0, f"{kind}: new programs while serving: {work['new_programs']}"
     assert work["executions"] > 0
     assert work["fallbacks"] == {} and result["fallbacks_total"] == {}, result["fallbacks_total"]
+
+
+def test_prompt_logprobs_match_transformers(engine_run: tuple[str, dict, list[list[int]]],
+                                           models: dict[str, str]) -> None:
+    kind, result, prompts = engine_run
+    prompt = prompts[6]  # 120 tokens: more rows than requests in a step
+    model = transformers.AutoModelForCausalLM.from_pretrained(models[kind], dtype=torch.float64).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0]
+    want = torch.log_softmax(logits, -1)[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+    got = result["prompt_logprobs"]
+    assert got[0] is None and len(got) == len(prompt)
+    # float32 against float64: within the bound used for greedy decisions, on the logits' scale.
+    bound = DECISIVE * logits.abs().max().item()
+    torch.testing.assert_close(torch.tensor(got[1:], dtype=torch.float64), want, rtol=0, atol=bound)
 
 
 # --- the OpenAI-compatible server ---------------------------------------------------------

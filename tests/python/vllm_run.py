@@ -64,6 +64,12 @@ def main() -> None:
                       if v != before["fallbacks"].get(k, 0)},
     }
     result["fallbacks_total"] = dict(after["fallbacks"])
+    # Prompt logprobs (the path that sends a step's hidden states to the host): each prompt
+    # token's log-probability given the tokens before it, for one prompt.
+    prompt = job["prompts"][job.get("logprobs_prompt", 0)]
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], SamplingParams(max_tokens=1, prompt_logprobs=0),
+                       use_tqdm=False)[0]
+    result["prompt_logprobs"] = [None if d is None else d[t].logprob for d, t in zip(out.prompt_logprobs, prompt)]
     import vllm.platforms
     result["platform"] = type(vllm.platforms.current_platform).__name__
     print(json.dumps(result))

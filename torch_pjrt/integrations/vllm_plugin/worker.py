@@ -88,7 +88,10 @@ class PjrtModelRunner(CPUModelRunner):
                     raise RuntimeError(f"vLLM on pjrt: the runner asked for {rows} rows of logits, the step "
                                        f"computed {ready.shape[0]} (one per request)")
                 return ready
-            padded = _pad_rows(hidden_states, self.buckets.requests_for(rows)).to(self.target)
+            # Hidden states the runner sliced itself (prompt logprobs): as many rows as tokens.
+            bucket = self.buckets.requests_for(rows) if rows <= self.buckets.requests[-1] else \
+                self.buckets.tokens_for(rows)
+            padded = _pad_rows(hidden_states, bucket).to(self.target)
             with _one_program():
                 return device_logits(padded).cpu()[:rows]
 
