@@ -1216,6 +1216,11 @@ at::Tensor nonzero_fn(const at::Tensor& self) {
   return host.nonzero().to(self.device());
 }
 at::Tensor& nonzero_out(const at::Tensor& self, at::Tensor& out) {
+  // As torch's own kernels: indices are Long, never cast into another out type.
+  TORCH_CHECK(out.scalar_type() == at::kLong, "nonzero: Expected out tensor to have scalar type Long but got scalar type ",
+              out.scalar_type());
+  TORCH_CHECK(out.device() == self.device(), "nonzero: Expected out tensor to be on the same device as the input (",
+              self.device(), "), but got ", out.device());
   return write_out("nonzero", nonzero_fn(self), out);
 }
 

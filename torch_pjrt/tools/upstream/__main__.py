@@ -1,0 +1,140 @@
+"""python -m torch_pjrt.tools.upstream DIR [--files F,...] [--sample N] [--report FILE]
+
+Runs PyTorch's device-generic test files from DIR on pjrt, one pytest process per
+file, and prints per file: passed, failed, errors, skipped, expected failures (the
+spec's), unexpected passes, and the share of non-skipped tests passing. Exits 1 on
+any failure, error or unexpected pass: the spec lists every known failure.
+
+--sample N runs a fixed, evenly spread sample of N tests per file plus every test
+the spec names (the CI slice); without it every test runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from .spec import SPEC, entries_for
+
+# test_ops.py: the classes that test a device against the CPU (the rest test
+# OpInfo itself, or need CUDA); TestCommon's compare-to-CPU is lifted to pjrt below.
+SELECTION = {"test_ops.py": "TestCommon or TestMathBits"}
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
+
+
+@dataclasses.dataclass
+class FileResult:
+    file: str
+    counts: dict[str, int]
+    seconds: float
+    problems: list[dict[str, str]]  # failures, errors, unexpected passes
+
+    @property
+    def rate(self) -> float:
+        run = sum(self.counts[o] for o in OUTCOMES if o != "skipped")
+        return self.counts["passed"] / run if run else 1.0
+
+
+def _env(outcomes: str) -> dict[str, str]:
+    env = dict(os.environ, PYTORCH_TESTING_DEVICE_FOR_CUSTOM="privateuse1",
+               PYTORCH_TESTING_DEVICE_ONLY_FOR="privateuse1", TORCH_PJRT_UPSTREAM_OUTCOMES=outcomes,
+               PYTORCH_PRINT_REPRO_ON_FAILURE="0", TORCH_PJRT_FALLBACK=os.environ.get("TORCH_PJRT_FALLBACK", "warn"))
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def _pytest(path: str, extra: list[str], outcomes: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torch_pjrt.tools.upstream.plugin",
+           "--rootdir", os.path.dirname(path), *extra]
+    return subprocess.run(cmd, cwd=os.path.dirname(path), env=_env(outcomes), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _collect(path: str, selection: list[str]) -> list[str]:
+    proc = _pytest(path, ["--collect-only", "-q", path, *selection], os.devnull, 600)
+    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
+
+
+def _sample(ids: list[str], n: int, file: str) -> list[str]:
+    named = set(entries_for(file))
+    step = max(1, len(ids) // n) if n else 1
+    return [t for i, t in enumerate(ids) if i % step == 0 or t in named]
+
+
+def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
+    file = os.path.basename(path)
+    selection = ["-k", SELECTION[file]] if file in SELECTION else []
+    start = time.perf_counter()
+    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
+        if sample:
+            ids = _sample(_collect(path, selection), sample, file)
+            args = [f"{path}::{t}" for t in ids]
+        else:
+            args = [path, *selection]
+        proc = _pytest(path, args, out.name, timeout)
+        records = [json.loads(line) for line in out.read().splitlines() if line.strip()]
+    counts = {o: 0 for o in OUTCOMES}
+    problems = []
+    for r in records:
+        counts[r["outcome"]] += 1
+        if r["outcome"] in ("failed", "error", "xpassed"):
+            problems.append(r)
+    if not records and proc.returncode not in (0, 5):
+        problems.append({"test": "(the file)", "outcome": "error", "message": proc.stdout[-500:] + proc.stderr[-500:]})
+        counts["error"] += 1
+    return FileResult(file, counts, time.perf_counter() - start, problems)
+
+
+def table(results: list[FileResult]) -> str:
+    lines = ["| file | passed | failed | errors | skipped | expected failures | unexpected passes | pass rate (non-skipped) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    total = {o: 0 for o in OUTCOMES}
+    for r in results:
+        c = r.counts
+        for o in OUTCOMES:
+            total[o] += c[o]
+        lines.append(f"| {r.file} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | {c['xfailed']} | "
+                     f"{c['xpassed']} | {100 * r.rate:.1f}% |")
+    run = sum(total[o] for o in OUTCOMES if o != "skipped")
+    lines.append(f"| all | {total['passed']} | {total['failed']} | {total['error']} | {total['skipped']} | "
+                 f"{total['xfailed']} | {total['xpassed']} | {100 * total['passed'] / max(run, 1):.1f}% |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("directory", help="a directory of PyTorch test files (e.g. ../shared/upstream)")
+    parser.add_argument("--files", help="comma-separated file names (default: every test_*.py there)")
+    parser.add_argument("--sample", type=int, help="tests per file, evenly spread, plus every spec entry")
+    parser.add_argument("--timeout", type=float, default=5400, help="seconds per file")
+    parser.add_argument("--report", help="write a Markdown report here")
+    args = parser.parse_args()
+    names = args.files.split(",") if args.files else sorted(
+        f for f in os.listdir(args.directory) if f.startswith("test_") and f.endswith(".py"))
+    results = []
+    for name in names:
+        result = run_file(os.path.join(os.path.abspath(args.directory), name), args.sample, args.timeout)
+        results.append(result)
+        c = result.counts
+        print(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
+              f"{c['xfailed']} expected failures, {c['xpassed']} unexpected passes: {100 * result.rate:.1f}% "
+              f"({result.seconds:.0f} s)", flush=True)
+        for p in result.problems:
+            print(f"  {p['outcome'].upper()} {p['test']}: {p['message']}", flush=True)
+    print(table(results))
+    if args.report:
+        command = "python -m torch_pjrt.tools.upstream " + " ".join(sys.argv[1:])
+        with open(args.report, "w") as f:
+            f.write("# PyTorch's own test files on pjrt\n\nGenerated by `" + command + "` (spec: "
+                    f"`{os.path.relpath(SPEC)}`).\n\n" + table(results) + "\n")
+    sys.exit(1 if any(r.problems for r in results) else 0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The spec (spec.toml): per upstream file, the tests expected to fail or be skipped on
+pjrt, each with its reason and whether it fails on the CPU as well."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import tomllib
+
+SPEC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "spec.toml")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    expect: str  # "fail" or "skip"
+    reason: str
+    cpu_too: bool  # the test fails on the CPU as well: not pjrt's doing
+
+
+@functools.cache
+def load(path: str = SPEC) -> dict[str, dict[str, Entry]]:
+    with open(path, "rb") as f:
+        raw = tomllib.load(f)
+    spec: dict[str, dict[str, Entry]] = {}
+    for file, tests in raw.items():
+        spec[file] = {}
+        for test, e in tests.items():
+            if e.get("expect") not in ("fail", "skip") or not e.get("reason"):
+                raise ValueError(f"{path}: {file} {test}: needs expect = 'fail' or 'skip', and a reason")
+            spec[file][test] = Entry(e["expect"], e["reason"], bool(e.get("cpu_too", False)))
+    return spec
+
+
+def entries_for(file: str) -> dict[str, Entry]:
+    return load(os.environ.get("TORCH_PJRT_UPSTREAM_SPEC", SPEC)).get(file, {})
