@@ -126,7 +126,9 @@ at::Tensor index_fill_impl(const at::Tensor& self, int64_t dim, const at::Tensor
                            const at::Tensor* into) {
   TORCH_CHECK(value.dim() == 0, "index_fill_ only supports a 0-dimensional value tensor, but got tensor with ",
               value.dim(), " dimension(s).");
-  return index_update("index_fill", self, dim, index,
+  // A host index is accepted, as torch's CUDA kernel accepts one (an upload).
+  const at::Tensor idx = index.device().is_cpu() ? index.to(self.device()) : index;
+  return index_update("index_fill", self, dim, idx,
                       [&](OpBuilder& op, Value, const std::vector<int64_t>& rows_shape) {
                         auto& b = op.b();
                         return b.broadcast_to(b.convert(op.input(value), to_ir(self.scalar_type())), rows_shape);
@@ -366,6 +368,13 @@ Segments segments_of(const at::Tensor& data, const std::optional<at::Tensor>& le
   return s;
 }
 
+// torch's reduction names: "amax"/"amin" are "max"/"min".
+c10::string_view segment_reduction(c10::string_view reduce) {
+  if (reduce == "amax") return "max";
+  if (reduce == "amin") return "min";
+  return reduce;
+}
+
 double segment_identity(c10::string_view reduce) {
   if (reduce == "prod") return 1.0;
   if (reduce == "max") return -INFINITY;
@@ -385,6 +394,7 @@ at::Tensor segment_reduce_fn(const at::Tensor& data, c10::string_view reduce, co
                              const std::optional<at::Tensor>& indices, const std::optional<at::Tensor>& offsets,
                              int64_t axis, bool unsafe, const std::optional<at::Scalar>& initial) {
   TORCH_CHECK(!indices || !indices->defined(), "segment_reduce(): indices based reduction is not supported yet.");
+  reduce = segment_reduction(reduce);
   double identity = segment_identity(reduce);
   Segments s = segments_of(data, lengths, offsets, axis, unsafe);
   at::Tensor start = at::full(s.out_shape, initial ? *initial : at::Scalar(identity), data.options());
@@ -404,6 +414,7 @@ at::Tensor segment_reduce_backward_fn(const at::Tensor& grad, const at::Tensor& 
                                       c10::string_view reduce, const std::optional<at::Tensor>& lengths,
                                       const std::optional<at::Tensor>& offsets, int64_t axis,
                                       const std::optional<at::Scalar>& initial) {
+  reduce = segment_reduction(reduce);
   segment_identity(reduce);
   Segments s = segments_of(data, lengths, offsets, axis, /*unsafe=*/true);
   at::Tensor g = grad.gather(s.axis, s.index), o = output.gather(s.axis, s.index);
