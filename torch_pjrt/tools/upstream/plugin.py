@@ -59,6 +59,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when == "call":
         if hasattr(report, "wasxfail"):
             outcome = "xfailed" if report.skipped else "xpassed"
+        elif report.failed and str(report.longrepr).startswith("[XPASS(strict)]"):
+            outcome = "xpassed"  # pytest reports a strict xfail's pass as a failure
         else:
             outcome = report.outcome
     elif report.when == "setup" and report.outcome != "passed":

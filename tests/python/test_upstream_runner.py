@@ -1,0 +1,76 @@
+"""The upstream runner (python -m torch_pjrt.tools.upstream) on a small device-generic
+file written here in PyTorch's style: only the device's instantiation runs, the spec's
+expected failures are counted as such, an expected failure that passes and a failure
+the spec does not name both fail the run, and the rates are what the counts say."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+FILE = textwrap.dedent('''
+    import torch
+    from torch.testing._internal.common_device_type import instantiate_device_type_tests
+    from torch.testing._internal.common_utils import TestCase, run_tests
+
+
+    class TestTiny(TestCase):
+        def test_add(self, device):
+            x = torch.arange(4.0, device=device)
+            self.assertEqual((x + x).cpu(), torch.arange(4.0) * 2)
+
+        def test_fails_everywhere(self, device):
+            self.assertEqual(1, 2)
+
+        def test_known_gap(self, device):
+            self.assertEqual(torch.ones(2, device=device).sum().item(), {known})
+
+        def test_skipped(self, device):
+            self.skipTest("not for this device")
+
+
+    instantiate_device_type_tests(TestTiny, globals())
+
+    if __name__ == "__main__":
+        run_tests()
+''')
+
+
+def _run(tmp_path: Path, known: str, spec: str) -> tuple[int, str]:
+    (tmp_path / "up").mkdir(exist_ok=True)
+    (tmp_path / "up" / "test_tiny.py").write_text(FILE.replace("{known}", known))
+    (tmp_path / "spec.toml").write_text(spec)
+    env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"),
+                           "--report", str(tmp_path / "report.md")], capture_output=True, text=True, env=env,
+                          timeout=600)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+SPEC = '''["test_tiny.py"]
+"TestTinyPRIVATEUSE1::test_fails_everywhere_pjrt" = { expect = "fail", cpu_too = true, reason = "1 is not 2" }
+"TestTinyPRIVATEUSE1::test_known_gap_pjrt" = { expect = "fail", reason = "a gap under test" }
+'''
+
+
+def test_expected_failures_are_counted_and_the_run_passes(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, "3.0", SPEC)
+    assert code == 0, out
+    assert ("test_tiny.py: 1 passed, 0 failed, 0 errors, 1 skipped, 2 expected failures (1 failing on CPU too), "
+            "0 unexpected passes: 33.3%, 50.0% without the CPU's own failures") in out, out
+    report = (tmp_path / "report.md").read_text()
+    assert "| test_tiny.py | 1 | 0 | 0 | 1 | 2 (1) | 0 | 33.3% | 50.0% |" in report, report
+
+
+def test_an_expected_failure_that_passes_fails_the_run(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, "2.0", SPEC)  # the "gap" is fixed: the spec must say so
+    assert code == 1 and "XPASSED TestTinyPRIVATEUSE1::test_known_gap_pjrt" in out, out
+
+
+def test_a_failure_the_spec_does_not_name_fails_the_run(tmp_path: Path) -> None:
+    spec = SPEC.replace('"TestTinyPRIVATEUSE1::test_known_gap_pjrt"', '"TestTinyPRIVATEUSE1::test_other_pjrt"')
+    code, out = _run(tmp_path, "3.0", spec)
+    assert code == 1 and "FAILED TestTinyPRIVATEUSE1::test_known_gap_pjrt" in out, out
