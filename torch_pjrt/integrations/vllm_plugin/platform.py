@@ -11,11 +11,12 @@ import torch_pjrt  # noqa: F401  (registers the device)
 from vllm.logger import init_logger
 from vllm.platforms.interface import Platform, PlatformEnum
 
+from .. import DEVICE
+
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
 _log = init_logger("vllm.platforms.pjrt")
-DEVICE = torch._C._get_privateuse1_backend_name()
 
 
 class PjrtPlatform(Platform):

@@ -37,10 +37,6 @@ from .attention import PjrtAttentionBackend, PjrtAttentionMetadata, buckets_of, 
 _log = init_logger("vllm.platforms.pjrt")
 
 
-def model_device() -> torch.device:
-    return torch_pjrt.device()
-
-
 @contextlib.contextmanager
 def _one_program() -> Iterator[None]:
     """Records the block in fused mode as one graph: no cut where an op recurs (a
@@ -215,7 +211,7 @@ class PjrtModelRunner(CPUModelRunner):
 
 class PjrtWorker(Worker):
     def init_device(self) -> None:
-        self.device = model_device()
+        self.device = torch_pjrt.device()
         # Host-side torch work here is bookkeeping on small tensors. With more threads,
         # OpenMP's spinning workers take the cores the device (the XLA CPU plugin's own
         # thread pool) needs: a trivial program's round trip went from 0.4 to 2.5 ms.
