@@ -18,6 +18,12 @@ std::set<std::string> g_warned;
 FallbackLogger g_logger;
 
 void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  note_cpu_fallback(op);
+  at::native::cpu_fallback(op, stack);
+}
+}  // namespace
+
+void note_cpu_fallback(const c10::OperatorHandle& op) {
   std::string name = c10::toString(op.schema().operator_name());
   auto mode = static_cast<FallbackMode>(g_fallback_mode.load());
   TORCH_CHECK_NOT_IMPLEMENTED(mode != FallbackMode::Error, device_name(), ": ", name,
@@ -36,9 +42,7 @@ void pjrt_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
                "Set TORCH_PJRT_FALLBACK=error to forbid this, or =log to see every call.");
   }
   if (mode == FallbackMode::Log && g_logger) g_logger(name);
-  at::native::cpu_fallback(op, stack);
 }
-}  // namespace
 
 // An op run on the CPU on purpose (a case its pjrt kernel does not cover): counted like any fallback.
 void run_on_cpu(const c10::OperatorHandle& op, std::vector<c10::IValue>* stack) { pjrt_cpu_fallback(op, stack); }

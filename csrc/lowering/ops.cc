@@ -960,6 +960,12 @@ Value amax(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, bool is
     }
   }
   Value r = b.reduce_simple(x, init, dims, is_max ? "maximum" : "minimum");
+  if (ir::is_floating(d)) {
+    // torch's max/min reductions return NaN when a NaN is reduced; XLA's CPU reduction
+    // drops NaNs (its fast min/max), and other plugins may differ: say it explicitly.
+    Value nan_seen = b.reduce_simple(b.compare(x, x, "NE"), b.constant_int(DType::Pred, 0), dims, "or");
+    r = b.select(nan_seen, b.scalar_like(r, NAN), r);
+  }
   return keep(b, r, in, dims, keepdim);
 }
 

@@ -208,3 +208,20 @@ def test_integer_and_bool_predicates() -> None:
     check(lambda x: torch.nanmedian(x, 0, keepdim=True), rnd(3, 5))
     check(lambda x: torch.gather(x, 1, torch.empty(2, 0, dtype=torch.uint8, device=x.device)), rnd(2, 3), grad=False)
     check(lambda x: torch.native_layer_norm(x, [3], None, None, 1e-5), rnd(2, 3).bfloat16(), grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_max_min_reductions_return_nan(dtype: torch.dtype) -> None:
+    # torch's max/min reductions return NaN when a NaN is reduced; XLA's CPU reduction drops it.
+    x = rnd(4, 6).to(dtype)
+    x[0, 1] = x[2, 5] = float("nan")
+    for fn in (torch.amax, torch.amin):
+        check(lambda t: fn(t), x, grad=False)
+        check(lambda t: fn(t, 0), x, grad=False)
+        check(lambda t: fn(t, 1, keepdim=True), x, grad=False)
+    check(lambda t: torch.max(t), x, grad=False)
+    check(lambda t: torch.min(t), x, grad=False)
+    check(lambda t: torch.aminmax(t, dim=1), x, grad=False)
+    check(lambda t: torch.max(t, 1), x, grad=False)
+    mask = rnd(4, 6, seed=1) > 0
+    check(lambda t: torch.masked.amax(t, 1, mask=mask.to(t.device)), x, grad=False)
