@@ -28,6 +28,8 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   if (self.is_complex() && (std::strcmp(name, "abs") == 0 || std::strcmp(name, "angle") == 0)) {
     out = at::toRealValueType(self.scalar_type());  // |z| and arg z are real
   }
+  TORCH_CHECK(!(into == &self && self.is_complex() && std::strcmp(name, "abs") == 0),
+              "In-place abs is not supported for complex tensors.");
   if (into && !to_bool) {
     TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());

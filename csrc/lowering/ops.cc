@@ -66,7 +66,9 @@ const std::map<std::string, UnaryFn>& unary_table() {
       t[name] = [op](Builder& b, Value x) { return b.unary(op, x); };
     };
     simple("neg", "negate");
-    simple("abs", "abs");
+    t["abs"] = [](Builder& b, Value x) {  // stablehlo.abs takes signed types only
+      return ir::is_unsigned_int(b.dtype(x)) || b.dtype(x) == DType::Pred ? x : b.unary("abs", x);
+    };
     simple("exp", "exponential");
     simple("log", "log");
     simple("log1p", "log_plus_one");

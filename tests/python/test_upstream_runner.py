@@ -39,13 +39,13 @@ FILE = textwrap.dedent('''
 ''')
 
 
-def _run(tmp_path: Path, known: str, spec: str) -> tuple[int, str]:
+def _run(tmp_path: Path, known: str, spec: str, *extra: str) -> tuple[int, str]:
     (tmp_path / "up").mkdir(exist_ok=True)
     (tmp_path / "up" / "test_tiny.py").write_text(FILE.replace("{known}", known))
     (tmp_path / "spec.toml").write_text(spec)
     env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
     proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"),
-                           "--report", str(tmp_path / "report.md")], capture_output=True, text=True, env=env,
+                           "--report", str(tmp_path / "report.md"), *extra], capture_output=True, text=True, env=env,
                           timeout=600)
     return proc.returncode, proc.stdout + proc.stderr
 
@@ -62,7 +62,7 @@ def test_expected_failures_are_counted_and_the_run_passes(tmp_path: Path) -> Non
     assert ("test_tiny.py: 1 passed, 0 failed, 0 errors, 1 skipped, 2 expected failures (1 failing on CPU too), "
             "0 unexpected passes: 33.3%, 50.0% without the CPU's own failures") in out, out
     report = (tmp_path / "report.md").read_text()
-    assert "| test_tiny.py | 1 | 0 | 0 | 1 | 2 (1) | 0 | 33.3% | 50.0% |" in report, report
+    assert "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) | 0 | 33.3% | 50.0% |" in report, report
 
 
 def test_an_expected_failure_that_passes_fails_the_run(tmp_path: Path) -> None:
@@ -74,3 +74,31 @@ def test_a_failure_the_spec_does_not_name_fails_the_run(tmp_path: Path) -> None:
     spec = SPEC.replace('"TestTinyPRIVATEUSE1::test_known_gap_pjrt"', '"TestTinyPRIVATEUSE1::test_other_pjrt"')
     code, out = _run(tmp_path, "3.0", spec)
     assert code == 1 and "FAILED TestTinyPRIVATEUSE1::test_known_gap_pjrt" in out, out
+
+
+def test_a_pattern_names_a_family_of_tests(tmp_path: Path) -> None:
+    spec = '''["test_tiny.py"]
+"TestTinyPRIVATEUSE1::test_fails_everywhere_pjrt" = { expect = "fail", cpu_too = true, reason = "1 is not 2" }
+"TestTinyPRIVATEUSE1::test_known_*" = { expect = "skip", reason = "a family the device lacks" }
+'''
+    code, out = _run(tmp_path, "3.0", spec)
+    assert code == 0, out
+    assert "test_tiny.py: 1 passed, 0 failed, 0 errors, 2 skipped, 1 expected failures" in out, out
+
+
+def test_a_non_strict_entry_counts_a_pass_as_a_pass(tmp_path: Path) -> None:
+    spec = SPEC.replace('reason = "a gap under test"', 'strict = false, reason = "depends on the CPU\'s kernels"')
+    code, out = _run(tmp_path, "2.0", spec)
+    assert code == 0, out
+    assert "test_tiny.py: 2 passed, 0 failed, 0 errors, 1 skipped, 1 expected failures" in out, out
+
+
+def test_a_sample_runs_every_expected_failure_and_says_it_is_a_sample(tmp_path: Path) -> None:
+    # Collection order: add, fails_everywhere, known_gap, skipped. A sample of 2 takes
+    # every second test (add, known_gap) and every expected failure (fails_everywhere).
+    code, out = _run(tmp_path, "3.0", SPEC, "--sample", "2")
+    report = (tmp_path / "report.md").read_text()
+    assert code == 0 and "| test_tiny.py | sample of 3 / 4 | 1 | 0 | 0 | 0 | 2 (1) |" in report, out + report
+    code, out = _run(tmp_path, "3.0", SPEC, "--sample", "test_other.py=2")  # other files sampled: this one whole
+    report = (tmp_path / "report.md").read_text()
+    assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report

@@ -1,4 +1,4 @@
-"""python -m torch_pjrt.tools.upstream DIR [--files F,...] [--sample N] [--report FILE]
+"""python -m torch_pjrt.tools.upstream DIR [--files F,...] [--sample N | --sample F=N,...] [--report FILE]
 
 Runs PyTorch's device-generic test files from DIR on pjrt, one pytest process per
 file, and prints per file: passed, failed, errors, skipped, expected failures (the
@@ -6,7 +6,9 @@ spec's), unexpected passes, and the share of non-skipped tests passing. Exits 1 
 any failure, error or unexpected pass: the spec lists every known failure.
 
 --sample N runs a fixed, evenly spread sample of N tests per file plus every test
-the spec names (the CI slice); without it every test runs.
+the spec expects to fail (the CI slice); --sample F=N,... samples only the files named
+and runs the others whole; without it every test runs. The report says, per file,
+whether every test ran or a sample.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from .spec import SPEC, entries_for
+from .spec import SPEC, lookup
 
 # test_ops.py: the tests that check a device (compare-to-CPU, out=, out warnings,
 # variant consistency, non-contiguous samples, errors, non-standard bools, int-to-float
@@ -39,6 +41,7 @@ class FileResult:
     seconds: float
     problems: list[dict[str, str]]  # failures, errors, unexpected passes
     cpu_too: int  # expected failures that fail on the CPU as well
+    collected: int | None = None  # the file's test count when a sample ran (None: every test ran)
 
     @property
     def run(self) -> int:
@@ -71,14 +74,21 @@ def _pytest(path: str, extra: list[str], outcomes: str, timeout: float) -> subpr
 
 
 def _collect(path: str, selection: list[str]) -> list[str]:
-    proc = _pytest(path, ["--collect-only", "-q", path, *selection], os.devnull, 600)
-    return [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
+    proc = _pytest(path, ["--collect-only", path, *selection], os.devnull, 600)
+    ids = [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
+    if not ids:  # never hand pytest an empty list: it would run every file in the directory
+        raise RuntimeError(f"upstream: collecting {path} gave no test ids:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    return ids
 
 
 def _sample(ids: list[str], n: int, file: str) -> list[str]:
-    named = set(entries_for(file))
     step = max(1, len(ids) // n) if n else 1
-    return [t for i, t in enumerate(ids) if i % step == 0 or t in named]
+    return [t for i, t in enumerate(ids) if i % step == 0 or _expected_to_fail(file, t)]
+
+
+def _expected_to_fail(file: str, test: str) -> bool:
+    entry = lookup(file, test)
+    return entry is not None and entry.expect == "fail"
 
 
 def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
@@ -86,8 +96,11 @@ def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
     selection = ["-k", SELECTION[file]] if file in SELECTION else []
     start = time.perf_counter()
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
+        collected = None
         if sample:
-            ids = _sample(_collect(path, selection), sample, file)
+            all_ids = _collect(path, selection)
+            collected = len(all_ids)
+            ids = _sample(all_ids, sample, file)
             args = [f"{path}::{t}" for t in ids]
         else:
             args = [path, *selection]
@@ -95,8 +108,7 @@ def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
         records = [json.loads(line) for line in out.read().splitlines() if line.strip()]
     counts = {o: 0 for o in OUTCOMES}
     problems = []
-    spec = entries_for(file)
-    cpu_too = sum(1 for r in records if r["outcome"] == "xfailed" and spec[r["test"]].cpu_too)
+    cpu_too = sum(1 for r in records if r["outcome"] == "xfailed" and getattr(lookup(file, r["test"]), "cpu_too", False))
     for r in records:
         counts[r["outcome"]] += 1
         if r["outcome"] in ("failed", "error", "xpassed"):
@@ -104,30 +116,43 @@ def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
     if not records and proc.returncode not in (0, 5):
         problems.append({"test": "(the file)", "outcome": "error", "message": proc.stdout[-500:] + proc.stderr[-500:]})
         counts["error"] += 1
-    return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too)
+    return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too, collected)
 
 
 def table(results: list[FileResult]) -> str:
-    lines = ["| file | passed | failed | errors | skipped | expected failures (of them failing on CPU too) | "
+    lines = ["| file | tests run | passed | failed | errors | skipped | expected failures (of them failing on CPU too) | "
              "unexpected passes | pass rate (non-skipped) | pass rate without the CPU's own failures |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in [*results, _total(results)]:
         c = r.counts
-        lines.append(f"| {r.file} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
+        ran = "all" if r.collected is None else f"sample of {r.run + c['skipped']} / {r.collected}"
+        lines.append(f"| {r.file} | {ran} | {c['passed']} | {c['failed']} | {c['error']} | {c['skipped']} | "
                      f"{c['xfailed']} ({r.cpu_too}) | {c['xpassed']} | {100 * r.rate:.1f}% | {100 * r.device_rate:.1f}% |")
     return "\n".join(lines)
 
 
 def _total(results: list[FileResult]) -> FileResult:
     counts = {o: sum(r.counts[o] for r in results) for o in OUTCOMES}
-    return FileResult("all", counts, sum(r.seconds for r in results), [], sum(r.cpu_too for r in results))
+    sampled = [r.collected if r.collected is not None else r.run + r.counts["skipped"] for r in results]
+    return FileResult("all", counts, sum(r.seconds for r in results), [], sum(r.cpu_too for r in results),
+                      sum(sampled) if any(r.collected is not None for r in results) else None)
+
+
+def _sample_size(option: str | None, file: str) -> int | None:
+    if not option:
+        return None
+    if "=" not in option:
+        return int(option)
+    sizes = dict(part.split("=", 1) for part in option.split(","))
+    return int(sizes[file]) if file in sizes else None
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="a directory of PyTorch test files (e.g. ../shared/upstream)")
     parser.add_argument("--files", help="comma-separated file names (default: every test_*.py there)")
-    parser.add_argument("--sample", type=int, help="tests per file, evenly spread, plus every spec entry")
+    parser.add_argument("--sample", help="N: tests per file, evenly spread, plus every expected failure; "
+                        "F=N,...: sample only those files")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds per file")
     parser.add_argument("--report", help="write a Markdown report here")
     args = parser.parse_args()
@@ -135,13 +160,15 @@ def main() -> None:
         f for f in os.listdir(args.directory) if f.startswith("test_") and f.endswith(".py"))
     results = []
     for name in names:
-        result = run_file(os.path.join(os.path.abspath(args.directory), name), args.sample, args.timeout)
+        result = run_file(os.path.join(os.path.abspath(args.directory), name), _sample_size(args.sample, name),
+                          args.timeout)
         results.append(result)
         c = result.counts
+        scope = "" if result.collected is None else f"; a sample of {result.run + c['skipped']} of {result.collected} tests"
         print(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
               f"{c['xfailed']} expected failures ({result.cpu_too} failing on CPU too), {c['xpassed']} unexpected "
               f"passes: {100 * result.rate:.1f}%, {100 * result.device_rate:.1f}% without the CPU's own failures "
-              f"({result.seconds:.0f} s)", flush=True)
+              f"({result.seconds:.0f} s{scope})", flush=True)
         for p in result.problems:
             print(f"  {p['outcome'].upper()} {p['test']}: {p['message']}", flush=True)
     print(table(results))

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from .spec import entries_for
+from .spec import lookup
 
 
 def _supply_moved_names() -> None:
@@ -45,9 +45,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not items:
         return
-    expected = entries_for(os.path.basename(str(items[0].fspath)))
+    file = os.path.basename(str(items[0].fspath))
     for item in items:
-        entry = expected.get(item.nodeid.split("::", 1)[1])
+        entry = lookup(file, item.nodeid.split("::", 1)[1])
         if entry is None:
             continue
         if entry.expect == "skip":
@@ -83,7 +83,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if outcome is None:
         return
     file, _, test = report.nodeid.partition("::")
-    entry = entries_for(os.path.basename(file)).get(test)
+    entry = lookup(os.path.basename(file), test)
     if outcome == "xpassed" and entry is not None and not entry.strict:
         outcome = "passed"
     message: Any = ""

@@ -1,9 +1,12 @@
 """The spec (spec.toml): per upstream file, the tests expected to fail or be skipped on
-pjrt, each with its reason and whether it fails on the CPU as well."""
+pjrt, each with its reason and whether it fails on the CPU as well. A key is a test id,
+or a pattern (fnmatch: `*`, `?`) for a family of tests with one cause, such as every
+test of a dtype the device lacks; an exact id wins over a pattern."""
 
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import functools
 import os
 import tomllib
@@ -38,3 +41,14 @@ def load(path: str = SPEC) -> dict[str, dict[str, Entry]]:
 
 def entries_for(file: str) -> dict[str, Entry]:
     return load(os.environ.get("TORCH_PJRT_UPSTREAM_SPEC", SPEC)).get(file, {})
+
+
+def lookup(file: str, test: str) -> Entry | None:
+    """The spec's entry for one test id: its own, else the first pattern it matches."""
+    entries = entries_for(file)
+    if test in entries:
+        return entries[test]
+    for key, entry in entries.items():
+        if any(c in key for c in "*?[") and fnmatch.fnmatchcase(test, key):
+            return entry
+    return None
