@@ -7,7 +7,8 @@ can qualify and benchmark them (`python -m torch_pjrt.qualify --plugin NAME`).
 
 TORCH_PJRT_XLA_OPTIONS sets XLA DebugOptions fields for every compile
 (`name=value,...`, e.g. `xla_cpu_use_xnnpack=false`), on top of a plugin's own
-settings; they are part of the compile cache's key.
+settings and of CPU_XLA_OPTIONS for the CPU plugins; they are part of the compile
+cache's key.
 """
 
 from __future__ import annotations
@@ -127,6 +128,11 @@ def parse_xla_options(text: str) -> dict[str, OverrideValue]:
     return options
 
 
+# XLA's CPU compiler defaults to "fast" min/max, which drop NaNs: max reductions, complex
+# abs and every expansion built on min/max then return a number where torch returns NaN.
+CPU_XLA_OPTIONS: dict[str, OverrideValue] = {"xla_cpu_enable_fast_min_max": False}
+
+
 def choose_plugin() -> PluginChoice:
     """Resolves TORCH_PJRT_PLUGIN (default: cpu) to a plugin file, without loading it."""
     wanted = os.environ.get("TORCH_PJRT_PLUGIN", "cpu").strip() or "cpu"
@@ -135,7 +141,7 @@ def choose_plugin() -> PluginChoice:
     if cpu_name in CPU_PLUGINS:
         package = CPU_PLUGINS[cpu_name]
         return PluginChoice(wanted, cpu_plugin_path(cpu_name),
-                            f"install the XLA CPU plugin: pip install {package.pip}", overrides)
+                            f"install the XLA CPU plugin: pip install {package.pip}", {**CPU_XLA_OPTIONS, **overrides})
     if wanted in ("cuda", "gpu"):
         return PluginChoice("cuda", _cuda(), INSTALL_HINTS["cuda"], overrides)
     if wanted == "tpu":

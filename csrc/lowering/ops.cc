@@ -102,7 +102,8 @@ const std::map<std::string, UnaryFn>& unary_table() {
     t["erf"] = [](Builder& b, Value x) { return erf(b, x); };
     t["log2"] = [](Builder& b, Value x) { return b.binary("divide", b.unary("log", x), b.scalar_like(x, std::log(2.0))); };
     t["log10"] = [](Builder& b, Value x) { return b.binary("divide", b.unary("log", x), b.scalar_like(x, std::log(10.0))); };
-    t["exp2"] = [](Builder& b, Value x) { return b.unary("exponential", b.binary("multiply", x, b.scalar_like(x, std::log(2.0)))); };
+    // 2^x as a power, exact at integers (exp(x ln 2) is not), as torch's std::exp2.
+    t["exp2"] = [](Builder& b, Value x) { return b.binary("power", b.scalar_like(x, 2.0), x); };
     t["sinh"] = [](Builder& b, Value x) {
       return b.binary("multiply", b.binary("subtract", b.unary("exponential", x), b.unary("exponential", b.unary("negate", x))), b.scalar_like(x, 0.5));
     };
@@ -220,7 +221,22 @@ using BinaryFn = std::function<Value(Builder&, Value, Value)>;
 
 Value floor_div(Builder& b, Value x, Value y) {
   DType d = b.dtype(x);
-  if (ir::is_floating(d)) return b.unary("floor", b.binary("divide", x, y));
+  if (ir::is_floating(d)) {
+    // torch's (and Python's) floor division: from the exact remainder, not floor(x / y),
+    // whose rounded quotient can land on the wrong side of an integer.
+    Value zero = b.scalar_like(x, 0);
+    Value mod = b.binary("remainder", x, y);
+    Value div = b.binary("divide", b.binary("subtract", x, mod), y);
+    Value signs_differ = b.compare(b.compare(y, zero, "LT"), b.compare(mod, zero, "LT"), "NE");
+    div = b.select(b.binary("and", b.compare(mod, zero, "NE"), signs_differ), b.binary("subtract", div, b.scalar_like(div, 1)), div);
+    Value floored = b.unary("floor", div);
+    floored = b.select(b.compare(b.binary("subtract", div, floored), b.scalar_like(div, 0.5), "GT"),
+                       b.binary("add", floored, b.scalar_like(floored, 1)), floored);
+    Value quotient = b.binary("divide", x, y);
+    Value signed_zero = b.binary("multiply", zero, quotient);  // copysign(0, x / y): |x / y| < 1 here, finite
+    Value r = b.select(b.compare(div, zero, "NE"), floored, signed_zero);
+    return b.select(b.compare(y, zero, "EQ"), quotient, r);
+  }
   // Integer floor division: truncate, then step down when signs differ and there is a remainder.
   Value q = b.binary("divide", x, y);
   if (ir::is_unsigned_int(d)) return q;
@@ -401,6 +417,12 @@ Value erf(Builder& b, Value x) {
 }
 
 namespace {
+// |value| with the sign of `sign` (its sign bit: -0 counts as negative).
+Value signed_as(Builder& b, Value value, Value sign) {
+  Value magnitude = b.unary("abs", value);
+  return b.select(unary_table().at("signbit")(b, sign), b.unary("negate", magnitude), magnitude);
+}
+
 // Complex inputs: the ops whose real lowering does not carry over.
 std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x) {
   Value re = b.real(x), im = b.imag(x);
@@ -426,12 +448,26 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     Value mag = b.unary("abs", b.imag(r));
     Value neg = unary_table().at("signbit")(b, im);
     if (name == "acos") neg = b.unary("not", neg);
-    return b.complex(b.real(r), b.select(neg, b.unary("negate", mag), mag));
+    Value out = b.complex(b.real(r), b.select(neg, b.unary("negate", mag), mag));
+    // C99's asin(+-0 + NaN i) = +-0 + NaN i and acos(+-0 + NaN i) = pi/2 + NaN i, as on CPU.
+    Value zero_nan = b.binary("and", b.compare(re, b.scalar_like(re, 0), "EQ"), b.compare(im, im, "NE"));
+    return b.select(zero_nan, b.complex(name == "asin" ? re : b.scalar_like(re, M_PI / 2), im), out);
   }
   if (name == "atan") {
-    // atan(z) = -i atanh(i z).
+    // atan(z) = -i atanh(i z). Its parts have the signs of z's (atan is odd and commutes with
+    // conj; on the cut, Re z = -0 names the side), and a NaN part makes both NaN, as on CPU.
     Value w = b.unary("chlo.atanh", b.complex(b.unary("negate", im), re));
-    return b.complex(b.imag(w), b.unary("negate", b.real(w)));
+    Value r = b.complex(signed_as(b, b.imag(w), re), signed_as(b, b.real(w), im));
+    Value any_nan = b.binary("or", b.compare(re, re, "NE"), b.compare(im, im, "NE"));
+    Value nan = b.scalar_like(re, NAN);
+    return b.select(any_nan, b.complex(nan, nan), r);
+  }
+  if (name == "sqrt" || name == "acosh" || name == "asinh") {
+    // CHLO answers from one side of the branch cut whatever side a signed zero names: the
+    // part that changes sign across the cut takes it from z (Im for sqrt and acosh, Re for asinh).
+    Value r = b.unary(name == "sqrt" ? "sqrt" : "chlo." + name, x);
+    if (name == "asinh") return b.complex(signed_as(b, b.real(r), re), b.imag(r));
+    return b.complex(b.real(r), signed_as(b, b.imag(r), im));
   }
   if (name == "isnan" || name == "isinf") return either(name);
   if (name == "isfinite") return b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));
@@ -600,6 +636,45 @@ Value orthogonal_polynomial(Builder& b, const std::string& family, Value x, Valu
   return closed.valid() ? b.select(closed, closed_value, out[6]) : out[6];
 }
 
+// Large a with x near a: the series and the continued fraction need O(sqrt(a)) terms
+// (millions for a = 1e12), so P and Q come from Temme's uniform asymptotic expansion
+// (DLMF 8.12.17-8.12.18): Q = erfc(eta sqrt(a/2)) / 2 + R, P = erfc(-eta sqrt(a/2)) / 2 - R,
+// R = exp(-a eta^2 / 2) / sqrt(2 pi a) (c0(eta) + c1(eta) / a), with eta^2 / 2 = lambda - 1 - ln lambda,
+// lambda = x / a, eta of the sign of lambda - 1. The next term is below 1e-9 of R for a > 200.
+Value temme_region(Builder& b, Value a, Value x) {
+  Value large = b.compare(a, b.scalar_like(a, 200), "GT");
+  Value near = b.compare(b.unary("abs", b.binary("subtract", x, a)), b.binary("multiply", a, b.scalar_like(a, 0.3)), "LT");
+  return b.binary("and", large, near);
+}
+
+Value temme_igamma(Builder& b, Value a, Value x, bool upper) {
+  auto c = [&](double v) { return b.scalar_like(a, v); };
+  auto add = [&](Value l, Value r) { return b.binary("add", l, r); };
+  auto sub = [&](Value l, Value r) { return b.binary("subtract", l, r); };
+  auto mul = [&](Value l, Value r) { return b.binary("multiply", l, r); };
+  auto div = [&](Value l, Value r) { return b.binary("divide", l, r); };
+  Value mu = div(sub(x, a), a);  // lambda - 1
+  // eta^2 / 2 = mu - log1p(mu); its Taylor series where the difference would cancel.
+  Value mu2 = mul(mu, mu);
+  Value half_eta2_series = mul(mu2, add(c(0.5), mul(mu, add(c(-1.0 / 3), mul(mu, add(c(0.25), mul(mu, c(-0.2))))))));
+  Value small_mu = b.compare(b.unary("abs", mu), c(1e-3), "LT");
+  Value half_eta2 = b.select(small_mu, half_eta2_series, sub(mu, b.unary("log_plus_one", mu)));
+  Value eta = mul(b.unary("sqrt", mul(c(2), half_eta2)), b.unary("sign", mu));
+  // c0 = 1/mu - 1/eta and c1 = 1/eta^3 - 1/mu^3 - 1/mu^2 - 1/(12 mu) cancel near eta = 0: their series there.
+  Value c0 = sub(div(c(1), mu), div(c(1), eta));
+  Value mu3 = mul(mu2, mu), eta3 = mul(mul(eta, eta), eta);
+  Value c1 = sub(sub(sub(div(c(1), eta3), div(c(1), mu3)), div(c(1), mu2)), div(c(1), mul(c(12), mu)));
+  Value c0_series = add(c(-1.0 / 3), mul(eta, add(c(1.0 / 12), mul(eta, add(c(-2.0 / 135), mul(eta, c(1.0 / 864)))))));
+  Value c1_series = add(c(-1.0 / 540), mul(eta, add(c(-1.0 / 288), mul(eta, c(1.0 / 378)))));
+  Value small_eta = b.compare(b.unary("abs", eta), c(2e-2), "LT");
+  c0 = b.select(small_eta, c0_series, c0);
+  c1 = b.select(b.compare(b.unary("abs", eta), c(0.2), "LT"), c1_series, c1);
+  Value r = mul(div(b.unary("exponential", mul(mul(c(-1), a), half_eta2)), b.unary("sqrt", mul(c(2 * M_PI), a))),
+                add(c0, div(c1, a)));
+  Value y = mul(eta, b.unary("sqrt", mul(a, c(0.5))));
+  return upper ? add(mul(c(0.5), b.unary("chlo.erfc", y)), r) : sub(mul(c(0.5), b.unary("chlo.erfc", b.unary("negate", y))), r);
+}
+
 Value igamma(Builder& b, Value a, Value x, bool upper) {
   auto shape = ir::broadcast_shapes(b.dims(a), b.dims(x));
   DType out = b.dtype(a);
@@ -651,6 +726,7 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
         Value edge = bb.binary("or", bb.unary("not", bb.unary("is_finite", xv)), cf_broken);
         edge = bb.binary("or", edge, bb.compare(xv, bb.scalar_like(xv, 0), "LE"));
         edge = bb.binary("or", edge, bb.binary("or", bb.compare(av, bb.scalar_like(av, 0), "LE"), bb.compare(av, av, "NE")));
+        edge = bb.binary("or", edge, temme_region(bb, av, xv));
         done = bb.binary("or", done, edge);
         Value all_done = numel == 0 ? bb.constant_int(DType::Pred, 1)
                                     : bb.reduce_simple(bb.reshape(done, {numel}), bb.constant_int(DType::Pred, 1), {0}, "and");
@@ -663,6 +739,7 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
   Value p = b.select(use_series, p_series, b.binary("subtract", c(b, x, 1), q_cf));
   Value r = upper ? b.binary("subtract", c(b, p, 1), p) : p;
   if (upper) r = b.select(use_series, b.binary("subtract", c(b, p, 1), p_series), q_cf);
+  r = b.select(temme_region(b, a, x), temme_igamma(b, a, x, upper), r);
   // Edges as torch defines them: x = 0 gives P = 0; x = inf gives P = 1; a or x negative, or NaN: NaN.
   Value zero_x = b.compare(x, c(b, x, 0), "EQ");
   Value inf_x = b.compare(x, c(b, x, INFINITY), "EQ");

@@ -96,6 +96,23 @@ def test_unary(dev: torch.device, dtype: torch.dtype, name: str) -> None:
     assert_close(fn(x.to(dev)), fn(x), **_tol(dtype, 4))
 
 
+@pytest.mark.parametrize("dtype", CDTYPES)
+@pytest.mark.parametrize("name", ["sqrt", "asin", "acos", "asinh", "acosh", "atan", "abs", "angle", "sgn"])
+def test_branch_cuts_signed_zeros_and_nan(dev: torch.device, dtype: torch.dtype, name: str) -> None:
+    # A signed zero names the side of a branch cut (sqrt(-2 - 0j) = -1.41j); a NaN part makes
+    # abs NaN (XLA's fast min/max dropped it).
+    v = torch.tensor([-2.0, -1.0, -0.5, -0.0, 0.0, 0.5, 1.0, 2.0, float("nan")], dtype=torch.float64)
+    z = torch.complex(v[:, None].expand(9, 9), v[None, :].expand(9, 9)).flatten().to(dtype)
+    fn = getattr(torch, name)
+    out, ref = fn(z.to(dev)).cpu(), fn(z)
+    assert_close(out.to(dev), ref, **_tol(dtype, 8))
+    parts = (lambda t: (t.real, t.imag)) if out.is_complex() else (lambda t: (t,))
+    for o, r in zip(parts(out), parts(ref)):
+        # Signs of nonzero parts (a zero's sign off a cut is a convention; a NaN's means nothing).
+        numbers = ~(o.isnan() | r.isnan()) & (r != 0)
+        assert torch.equal(torch.signbit(o[numbers]), torch.signbit(r[numbers])), (z, out, ref)
+
+
 def _tol(dtype: torch.dtype, ulps: float) -> dict:
     eps = torch.finfo(torch.float32 if dtype == torch.complex64 else torch.float64).eps
     return dict(rtol=ulps * eps, atol=ulps * eps)

@@ -328,6 +328,8 @@ def test_multi_margin_loss(reduction: str, p: int) -> None:
     w = rnd(5, seed=2).abs()
     check(lambda x: F.multi_margin_loss(x, y.to(x.device), p=p, margin=0.7, reduction=reduction), x)
     check(lambda x: F.multi_margin_loss(x, y.to(x.device), weight=w.to(x.device), reduction=reduction), x)
+    for target in (torch.tensor([3]), torch.tensor(3)):  # one sample: the loss has the target's shape
+        check(lambda x: F.multi_margin_loss(x, target.to(x.device), p=p, reduction=reduction), rnd(5, seed=3))
 
 
 def test_rrelu() -> None:

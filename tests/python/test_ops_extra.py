@@ -225,3 +225,14 @@ def test_max_min_reductions_return_nan(dtype: torch.dtype) -> None:
     check(lambda t: torch.max(t, 1), x, grad=False)
     mask = rnd(4, 6, seed=1) > 0
     check(lambda t: torch.masked.amax(t, 1, mask=mask.to(t.device)), x, grad=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_floor_division_is_exact_at_integer_boundaries(dtype: torch.dtype) -> None:
+    # floor(0.3 / 0.1) is 3 from the rounded quotient; torch (like Python) says 2, from the remainder.
+    x = torch.cat([torch.tensor([0.3, -0.3, 0.7, 5.0, -5.0, 0.0, -0.0, 1.0, -1.0]), rnd(64) * 100]).to(dtype)
+    y = torch.cat([torch.tensor([0.1, 0.1, 0.1, 0.0, 0.0, 3.0, 3.0, -0.0, 3.0]), rnd(64, seed=1)]).to(dtype)
+    check(lambda a, b: torch.div(a, b, rounding_mode="floor"), x, y, grad=False)
+    check(lambda a, b: torch.floor_divide(a, b), x, y, grad=False)
+    out = torch.div(x.to(DEV), y.to(DEV), rounding_mode="floor").cpu()
+    assert torch.equal(torch.signbit(out), torch.signbit(torch.div(x, y, rounding_mode="floor")))  # signed zeros

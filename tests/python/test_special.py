@@ -127,6 +127,21 @@ def test_incomplete_gamma(dev: torch.device, upper: bool) -> None:
     assert torch.isnan(edge.cpu()).all()
 
 
+@pytest.mark.parametrize("upper", [False, True], ids=["igamma", "igammac"])
+def test_incomplete_gamma_large_a(dev: torch.device, upper: bool) -> None:
+    # x near a large a: the series would need O(sqrt(a)) terms; pjrt uses Temme's uniform
+    # expansion truncated after two terms, whose error falls as a^-2 (below 1e-7 for a > 200).
+    torch.manual_seed(6)
+    a = torch.cat([torch.tensor([201.0, 1e3, 5e6, 1e20]), 10 ** (torch.rand(60, dtype=torch.float64) * 8 + 2.4)])
+    x = a * (1 + (torch.rand(64, dtype=torch.float64) - 0.5) * 0.5)
+    x[:4] = a[:4]
+    fn = torch.special.gammaincc if upper else torch.special.gammainc
+    ref = fn(a, x)  # Cephes' 25-term expansion: accurate to about 1e-15
+    assert_close(fn(a.to(dev), x.to(dev)), ref, rtol=1e-7, atol=1e-12)
+    assert_close(fn(a.float().to(dev), x.float().to(dev)), fn(a.float().double(), x.float().double()).float(),
+                 rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.parametrize("name", ["bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1"])
 def test_bessel_functions(dev: torch.device, name: str) -> None:
     # Across the series / asymptotic switch at |x| = 12, negative inputs, zero and inf.
