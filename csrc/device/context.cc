@@ -403,6 +403,7 @@ struct PjrtGenerator : public c10::GeneratorImpl {
   }
   void set_current_seed(uint64_t seed) override {
     seed_ = seed;
+    offset_ = 0;  // a new seed starts its stream from the beginning (after a set_state too), as CUDA's does
     reset_state();
   }
   void set_offset(uint64_t offset) override {

@@ -1290,7 +1290,7 @@ std::tuple<at::Tensor, at::Tensor> multilabel_margin_forward_fn(const at::Tensor
   double c = static_cast<double>(b.dims(t.hinge)[2]);
   Value per_row = b.reduce_simple(b.select(t.active, t.hinge, b.scalar_like(t.hinge, 0)), b.constant(dt, 0), {1, 2}, "add");
   Value loss = b.binary("divide", per_row, b.scalar_like(per_row, c));
-  if (self.dim() < 2 && reduction == 0 && target.dim() == 0) loss = b.reshape(loss, {});  // [1] for a [1] target, as on CPU
+  if (self.dim() < 2 && reduction == 0) loss = b.reshape(loss, {});
   at::ScalarType st = self.scalar_type();
   at::Tensor out = op.output(b.convert(L::reduce_loss(b, loss, reduction), to_ir(st)), st);
   at::Tensor is_target = op.output(b.reshape(b.convert(t.is_target, to_ir(st)), vec(self.sizes())), st);

@@ -56,3 +56,14 @@ def test_dropout_backward_uses_mask(dev):
     y = F.dropout(x, 0.5)
     y.sum().backward()
     assert torch.equal(x.grad.cpu(), y.detach().cpu())
+
+
+def test_manual_seed_after_set_rng_state_restarts_the_stream(dev):
+    # freeze_rng_state-style code restores a state, then seeds: the seed alone decides what follows.
+    torch.manual_seed(42)
+    first = torch.rand(6, device=dev).cpu()
+    saved = torch.pjrt.get_rng_state()
+    torch.rand(3, device=dev)
+    torch.pjrt.set_rng_state(saved)
+    torch.manual_seed(42)
+    assert torch.equal(torch.rand(6, device=dev).cpu(), first)
