@@ -703,8 +703,8 @@ at::Tensor& sum_out(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, std:
 at::Tensor mean_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                      std::optional<at::ScalarType> dtype, const at::Tensor* into) {
   at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type());
-  TORCH_CHECK(at::isFloatingType(out) || at::isComplexType(out), "mean(): could not infer output dtype. Input dtype must be either a floating "
-              "point or complex dtype. Got: ", out);
+  TORCH_CHECK(at::isFloatingType(out) || at::isComplexType(out), "mean(): could not infer output dtype. ",
+              dtype ? "Optional" : "Input", " dtype must be either a floating point or complex dtype. Got: ", out);
   OpBuilder op("aten::mean");
   Value r = L::mean(op.b(), op.input(self), reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
   return finish(op, r, out, into);
@@ -974,6 +974,11 @@ at::Tensor& bmm_out(const at::Tensor& a, const at::Tensor& b, at::Tensor& o) {
 }
 
 // beta * self + alpha * (a @ b); beta == 0 ignores self (even NaN), as torch does.
+bool is_zero(const at::Scalar& s) {
+  if (s.isComplex()) return s.toComplexDouble() == c10::complex<double>(0, 0);
+  return s.isIntegral(false) ? s.toLong() == 0 : s.toDouble() == 0.0;
+}
+
 at::Tensor addmm_impl(const char* name, const at::Tensor& self, const at::Tensor& a, const at::Tensor& b,
                       const at::Scalar& beta, const at::Scalar& alpha, const at::Tensor* into, bool batched) {
   check_matmul_dtypes(name, a, b);
@@ -990,7 +995,7 @@ at::Tensor addmm_impl(const char* name, const at::Tensor& self, const at::Tensor
   Value prod = batched ? L::bmm(bd, op.input(a), op.input(b), dt) : L::matmul_2d(bd, op.input(a), op.input(b), dt);
   auto shape = bd.dims(prod);
   Value r = bd.binary("multiply", prod, bd.broadcast_to(op.scalar(alpha, a.scalar_type()), shape));
-  if (!(beta.isIntegral(false) ? beta.toLong() == 0 : beta.toDouble() == 0.0)) {
+  if (!is_zero(beta)) {
     Value c = bd.broadcast_to(bd.convert(op.input(self), dt), shape);
     c = bd.binary("multiply", c, bd.broadcast_to(op.scalar(beta, a.scalar_type()), shape));
     r = bd.binary("add", r, c);
@@ -1039,7 +1044,7 @@ at::Tensor addmv_impl(const at::Tensor& self, const at::Tensor& mat, const at::T
   Value prod = bd.dot_general(op.input(mat), op.input(v), {}, {}, {1}, {0}, dt);
   auto shape = bd.dims(prod);
   Value r = bd.binary("multiply", prod, bd.broadcast_to(op.scalar(alpha, mat.scalar_type()), shape));
-  if (!(beta.isIntegral(false) ? beta.toLong() == 0 : beta.toDouble() == 0.0)) {
+  if (!is_zero(beta)) {
     Value c = bd.broadcast_to(bd.convert(op.input(self), dt), shape);
     r = bd.binary("add", r, bd.binary("multiply", c, bd.broadcast_to(op.scalar(beta, mat.scalar_type()), shape)));
   }

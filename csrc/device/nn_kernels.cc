@@ -65,9 +65,10 @@ void check_conv(const at::Tensor& input, const at::Tensor& weight, bool transpos
 at::Tensor convolution_fn(const at::Tensor& input, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
                           c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                           bool transposed, c10::IntArrayRef output_padding, int64_t groups) {
-  check_conv(input, weight, transposed, groups);
-  size_t n = input.dim() - 2;
+  // The parameters first, as torch checks them (a bad stride is named before a channel mismatch).
+  size_t n = input.dim() >= 3 ? input.dim() - 2 : 1;
   auto p = conv_params(n, stride, padding, dilation, groups);
+  check_conv(input, weight, transposed, groups);
   OpBuilder op("aten::convolution");
   auto& b = op.b();
   Value x = op.input(input), w = op.input(weight);
@@ -99,9 +100,10 @@ at::Tensor convolution_fn(const at::Tensor& input, const at::Tensor& weight, con
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
     const at::Tensor& grad, const at::Tensor& input, const at::Tensor& weight, c10::IntArrayRef stride,
     c10::IntArrayRef padding, c10::IntArrayRef dilation, bool transposed, int64_t groups, std::array<bool, 3> mask) {
-  check_conv(input, weight, transposed, groups);
-  size_t n = input.dim() - 2;
+  // The parameters first, as torch checks them (a bad stride is named before a channel mismatch).
+  size_t n = input.dim() >= 3 ? input.dim() - 2 : 1;
   auto p = conv_params(n, stride, padding, dilation, groups);
+  check_conv(input, weight, transposed, groups);
   OpBuilder op("aten::convolution_backward");
   auto& b = op.b();
   Value g = op.input(grad), x = op.input(input), w = op.input(weight);
@@ -1253,7 +1255,7 @@ struct MultilabelTerms {
 };
 MultilabelTerms multilabel_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor& target) {
   TORCH_CHECK(self.dim() <= 2 && (self.dim() == 0 || self.size(-1) > 0),
-              "multilabel_margin_loss: expected a non-empty vector or matrix, got ", self.sizes());
+              "Expected non-empty vector or matrix with optional 0-dim batch size, but got: ", self.sizes());
   TORCH_CHECK(target.sizes() == self.sizes(), "multilabel_margin_loss: inconsistent target size: ", target.sizes(),
               " for input of size: ", self.sizes());
   auto& b = op.b();

@@ -196,3 +196,23 @@ def test_bad_arguments(dev):
     with pytest.raises(RuntimeError, match="Sizes of tensors must match"):
         torch.cat([x, torch.ones(3, 5, device=dev)], 0)
     assert x.sum().item() == 12
+
+
+def test_messages_match_torch_where_its_tests_match_them(dev):
+    # PyTorch's own tests match these texts (test_ops' test_errors): the same check, the same words.
+    x, w = torch.randn(1, 1, 4), torch.randn(1, 2, 2)
+    for device in ("cpu", dev):
+        with pytest.raises(RuntimeError, match="non-positive stride is not supported"):
+            F.conv1d(x.to(device), w.to(device), stride=0)  # the stride is named before the channel mismatch
+        with pytest.raises(RuntimeError, match=r"Expected non-empty vector or matrix with optional 0-dim batch size"):
+            F.multilabel_margin_loss(torch.randn(5, 0, device=device), torch.zeros(5, 0, dtype=torch.long, device=device))
+        with pytest.raises(RuntimeError, match=r"Optional dtype must be either a floating point or complex dtype"):
+            torch.mean(torch.ones(3, dtype=torch.long, device=device), dtype=torch.long)
+
+
+def test_addmm_takes_complex_scalars(dev):
+    a, b, s = (torch.randn(*shape, dtype=torch.complex64) for shape in ((3, 4), (4, 2), (3, 2)))
+    for beta in (0.5 + 1j, 0j):
+        ref = torch.addmm(s, a, b, beta=beta, alpha=2 - 1j)
+        out = torch.addmm(s.to(dev), a.to(dev), b.to(dev), beta=beta, alpha=2 - 1j)
+        torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)

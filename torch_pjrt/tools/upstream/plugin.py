@@ -6,6 +6,8 @@
   unexpected pass, a failure of the run), ``skip`` as a skip, each with its reason.
 - Lets TestCommon.test_compare_cpu (upstream: CUDA and XPU only) run on the device,
   through the testing framework's own per-instance switch.
+- Counts a test the file marks expectedFailure for every device (unittest's
+  "Unexpected success") as passed when it passes on pjrt.
 - Writes every test's outcome to ``$TORCH_PJRT_UPSTREAM_OUTCOMES`` (JSON lines).
 """
 
@@ -82,6 +84,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         outcome = "error"
     if outcome is None:
         return
+    if outcome == "failed" and "Unexpected success" in str(report.longrepr):
+        # unittest.expectedFailure marks the file sets for every device (an OpInfo's
+        # "CUDA differs from the CPU here"): passing means pjrt matched the CPU, a pass.
+        outcome = "passed"
     file, _, test = report.nodeid.partition("::")
     entry = lookup(os.path.basename(file), test)
     if outcome == "xpassed" and entry is not None and not entry.strict:
