@@ -29,7 +29,7 @@ if [ -d "$UPSTREAM" ]; then
   # failure or an expected failure that starts passing turns this red. The full run is
   # scripts/upstream.sh.
   echo "== PyTorch's own test files (slice; from $UPSTREAM)"
-  .venv/bin/python -m torch_pjrt.tools.upstream "$UPSTREAM" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-40}"
+  .venv/bin/python -m torch_pjrt.tools.upstream "$UPSTREAM" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-30}"
 else
   echo "== PyTorch's own test files: NOT RUN, no directory $UPSTREAM (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
 fi

@@ -20,6 +20,13 @@ inline at::MemoryFormat layout_like(const at::Tensor& t) {
   return at::MemoryFormat::Contiguous;
 }
 
+// The dtype an out= tensor receives a `result`-typed value in, refused as ATen refuses it.
+inline at::ScalarType out_dtype(const char* op, at::ScalarType result, const at::Tensor& out) {
+  TORCH_CHECK(c10::canCast(result, out.scalar_type()), op, ": result type ", result,
+              " can't be cast to the desired output type ", out.scalar_type());
+  return out.scalar_type();
+}
+
 // Finishes an op: a fresh result (in `format`: pointwise, convolution, pooling
 // and normalization kernels pass op.suggested_layout, the rest are contiguous
 // as on CPU), or a write into `into` (in-place / out=).
@@ -27,6 +34,8 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
                          at::MemoryFormat format = at::MemoryFormat::Contiguous) {
   if (into) {
     at::Tensor dst = *into;
+    // As ATen refuses it: an out= (or in-place) tensor whose dtype cannot hold the result.
+    out_dtype(op.name().c_str(), dtype, dst);
     auto shape = op.b().dims(v);
     if (!dst.sizes().equals(shape)) at::native::resize_output(dst, shape);
     op.write(dst, v);
@@ -43,8 +52,7 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
 // dtype cannot hold the result or it is on another device.
 inline at::Tensor& write_out(const char* op, const at::Tensor& result, at::Tensor& out) {
   TORCH_CHECK(out.device() == result.device(), op, ": expected out on ", result.device(), ", got ", out.device());
-  TORCH_CHECK(c10::canCast(result.scalar_type(), out.scalar_type()), op, ": result type ", result.scalar_type(),
-              " can't be cast to the desired output type ", out.scalar_type());
+  out_dtype(op, result.scalar_type(), out);
   at::native::resize_output(out, result.sizes());
   out.copy_(result);
   return out;

@@ -443,7 +443,7 @@ at::Tensor clamp_impl(const at::Tensor& self, const std::optional<at::Tensor>& l
   at::ScalarType out = self.scalar_type();
   if (lo) out = at::promote_types(out, at::native::result_type(self, *lo));
   if (hi) out = at::promote_types(out, at::native::result_type(self, *hi));
-  if (into) out = into->scalar_type();
+  if (into) out = out_dtype("clamp", out, *into);
   Value x = op.input(self);
   Value l, h;
   if (lo) l = op.input(*lo);
@@ -1066,7 +1066,7 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
   TORCH_CHECK(!ts.empty(), "torch.cat(): expected a non-empty list of Tensors");
   at::ScalarType out = ts[0].scalar_type();
   for (auto& t : ts) out = at::promote_types(out, t.scalar_type());
-  if (into) out = into->scalar_type();
+  if (into) out = out_dtype("torch.cat()", out, *into);
   // Reference tensor: the first that is not a legacy empty 1-D tensor.
   const at::Tensor* ref = &ts[0];
   for (auto& t : ts) {

@@ -216,3 +216,21 @@ def test_addmm_takes_complex_scalars(dev):
         ref = torch.addmm(s, a, b, beta=beta, alpha=2 - 1j)
         out = torch.addmm(s.to(dev), a.to(dev), b.to(dev), beta=beta, alpha=2 - 1j)
         torch.testing.assert_close(out.cpu(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_out_that_cannot_hold_the_result_is_refused(dev):
+    # A float result into an integer out= tensor is an unsafe cast: ATen refuses it, so does pjrt.
+    x = torch.randn(3, 4, device=dev)
+    index = torch.zeros(3, 2, dtype=torch.long, device=dev)
+    calls = {
+        "addmm": lambda o: torch.addmm(torch.zeros(3, 3, device=dev), x, torch.randn(4, 3, device=dev), out=o),
+        "gather": lambda o: torch.gather(x, 1, index, out=o),
+        "nan_to_num": lambda o: torch.nan_to_num(x, out=o),
+        "cat": lambda o: torch.cat([x, x], out=o),
+        "clamp": lambda o: torch.clamp(x, 0, 1, out=o),
+        "polygamma": lambda o: torch.polygamma(0, x, out=o),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            call(torch.empty(0, dtype=torch.long, device=dev))
+        call(torch.empty(0, dtype=torch.float64, device=dev))  # a widening cast is fine

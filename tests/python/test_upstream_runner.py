@@ -102,3 +102,18 @@ def test_a_sample_runs_every_expected_failure_and_says_it_is_a_sample(tmp_path: 
     code, out = _run(tmp_path, "3.0", SPEC, "--sample", "test_other.py=2")  # other files sampled: this one whole
     report = (tmp_path / "report.md").read_text()
     assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report
+
+
+def test_a_process_that_dies_is_an_error_not_a_shorter_run(tmp_path: Path) -> None:
+    crash = FILE.replace("    def test_skipped(self, device):", "    def test_zz_dies(self, device):\n"
+                         "        import os\n        os._exit(7)\n\n    def test_skipped(self, device):")
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "test_tiny.py").write_text(crash.replace("{known}", "3.0"))
+    (tmp_path / "spec.toml").write_text(SPEC)
+    env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    for extra in ([], ["--sample", "4"]):
+        proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), *extra],
+                              capture_output=True, text=True, env=env, timeout=600)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 1 and "pytest ended with code 7" in out, out
+    assert "not run (the pytest process ended first)" in out, out  # the sample's later tests

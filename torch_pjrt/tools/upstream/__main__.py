@@ -97,6 +97,7 @@ def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
     start = time.perf_counter()
     with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
         collected = None
+        ids = []
         if sample:
             all_ids = _collect(path, selection)
             collected = len(all_ids)
@@ -113,8 +114,17 @@ def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
         counts[r["outcome"]] += 1
         if r["outcome"] in ("failed", "error", "xpassed"):
             problems.append(r)
-    if not records and proc.returncode not in (0, 5):
-        problems.append({"test": "(the file)", "outcome": "error", "message": proc.stdout[-500:] + proc.stderr[-500:]})
+    # A test asked for that left no outcome, or a pytest that died (a crash, a signal), is an
+    # error of its own: never a shorter run that looks clean.
+    seen = {r["test"] for r in records}
+    for test in ids:
+        if test not in seen:
+            problems.append({"test": test, "outcome": "error", "message": "not run (the pytest process ended first)"})
+            counts["error"] += 1
+    if proc.returncode not in (0, 1, 5) or (not records and proc.returncode != 5):
+        problems.append({"test": "(the file)", "outcome": "error",
+                         "message": f"pytest ended with code {proc.returncode} after {len(records)} outcomes: "
+                                    + (proc.stdout[-400:] + proc.stderr[-400:]).replace("\n", " | ")})
         counts["error"] += 1
     return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too, collected)
 
