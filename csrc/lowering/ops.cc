@@ -342,7 +342,10 @@ const std::map<std::string, BinaryFn>& binary_table() {
       Value ratio = b.binary("divide", lo, hi);
       Value r = b.binary("multiply", hi, b.unary("sqrt", b.binary("add", b.scalar_like(x, 1), b.binary("multiply", ratio, ratio))));
       r = b.select(b.compare(hi, b.scalar_like(x, 0), "EQ"), hi, r);
-      return b.select(b.compare(hi, b.scalar_like(x, INFINITY), "EQ"), hi, r);
+      // An infinite side wins over a NaN one (C's hypot, as torch): inf, not NaN.
+      Value inf = b.scalar_like(x, INFINITY);
+      Value any_inf = b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ"));
+      return b.select(any_inf, inf, r);
     };
     t["copysign"] = [](Builder& b, Value x, Value y) {
       Value ax = b.unary("abs", x);

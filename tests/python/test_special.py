@@ -310,3 +310,10 @@ def test_unique_along_a_dim(dev: torch.device) -> None:
                         assert torch.equal(got.cpu(), want), (x, dim)
     with pytest.raises(RuntimeError, match="0 sized dimensions"):
         torch.unique(torch.empty(2, 0).to(dev), dim=0)
+
+
+def test_hypot_infinity_wins_over_nan(dev: torch.device) -> None:
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([inf, -inf, nan, nan, 0.0, inf, 3.0, 1e38, nan])
+    y = torch.tensor([nan, nan, inf, -inf, 0.0, inf, 4.0, 1e38, 1.0])
+    assert_close(torch.hypot(x.to(dev), y.to(dev)), torch.hypot(x, y))
