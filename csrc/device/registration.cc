@@ -182,7 +182,11 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   // Shares the sizing logic with CPU; storage growth goes through the hooks.
   auto* impl = self.unsafeGetTensorImpl();
   int64_t storage_offset = impl->storage_offset();
-  impl->set_sizes_contiguous(size);
+  bool same_sizes = self.sizes().equals(size);
+  if (same_sizes && !(memory_format && *memory_format != at::MemoryFormat::Preserve)) {
+    return self;  // as on CPU: the same sizes keep the strides (an out= written through a transposed view)
+  }
+  if (!same_sizes) impl->set_sizes_contiguous(size);
   if (memory_format && *memory_format != at::MemoryFormat::Preserve) {
     impl->empty_tensor_restride(*memory_format);
   }

@@ -121,3 +121,14 @@ def test_an_out_dtype_that_cannot_hold_the_result_is_refused(dev: torch.device) 
         torch.var(x, 0, out=torch.empty(4, dtype=torch.int64))
     with pytest.raises(RuntimeError, match="can't be cast"):
         torch.var(x.to(dev), 0, out=torch.empty(4, dtype=torch.int64, device=dev))
+
+
+def test_resize_to_the_same_sizes_keeps_strides(dev) -> None:
+    # ATen's composite out= paths resize_ a non-contiguous out to its own sizes, then copy into it.
+    x = torch.randn(3, 4)
+    out = torch.empty(4, 3, device=dev).t()
+    torch.softmax(x.to(dev), 1, dtype=torch.float32, out=out)
+    assert out.stride() == (1, 3)
+    torch.testing.assert_close(out.cpu(), torch.softmax(x, 1))
+    out.resize_(2, 2)  # new sizes: contiguous, as on CPU
+    assert out.stride() == (2, 1)
