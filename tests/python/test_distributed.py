@@ -28,6 +28,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _log(tmp_path: Any, rank: int) -> str:
+    with open(os.path.join(tmp_path, f"rank{rank}.log"), "rb") as f:
+        return f.read().decode(errors="replace")
+
+
 def run_ranks(name: str, tmp_path: Any, world: int = 2, limit: float = 240, env: dict[str, str] | None = None,
               kill_after: float | None = None) -> list[dict[str, Any]]:
     """Starts `world` ranks of scenario `name`; returns each rank's report. A
@@ -38,19 +43,23 @@ def run_ranks(name: str, tmp_path: Any, world: int = 2, limit: float = 240, env:
         rank_env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                         LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
                         OMP_NUM_THREADS="1", **(env or {}))
+        # Each rank writes to a file: with pipes, a rank that logs a lot (XLA's loader does, on
+        # some CPUs) blocks on a full pipe no one drains while its peer waits in a collective.
+        log = open(os.path.join(tmp_path, f"rank{rank}.log"), "wb")
         procs.append(subprocess.Popen([sys.executable, WORKER, name, str(tmp_path)], env=rank_env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+                                      stdout=log, stderr=subprocess.STDOUT))
+        log.close()
     deadline = time.monotonic() + limit
     outputs = []
     for rank, p in enumerate(procs):
         try:
-            out, _ = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            p.wait(timeout=max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             p.kill()
-            out, _ = p.communicate()
+            p.wait()
             if kill_after is None:
-                pytest.fail(f"rank {rank} of {name} did not finish in {limit} s:\n{out.decode()[-3000:]}")
-        outputs.append(out.decode())
+                pytest.fail(f"rank {rank} of {name} did not finish in {limit} s:\n{_log(tmp_path, rank)[-3000:]}")
+        outputs.append(_log(tmp_path, rank))
     reports = []
     for rank in range(world):
         path = os.path.join(tmp_path, f"rank{rank}.json")
