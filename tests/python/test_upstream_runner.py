@@ -104,16 +104,42 @@ def test_a_sample_runs_every_expected_failure_and_says_it_is_a_sample(tmp_path: 
     assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report
 
 
-def test_a_process_that_dies_is_an_error_not_a_shorter_run(tmp_path: Path) -> None:
+def test_a_process_that_dies_is_charged_to_its_test_and_the_rest_still_run(tmp_path: Path) -> None:
     crash = FILE.replace("    def test_skipped(self, device):", "    def test_zz_dies(self, device):\n"
                          "        import os\n        os._exit(7)\n\n    def test_skipped(self, device):")
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "test_tiny.py").write_text(crash.replace("{known}", "3.0"))
     (tmp_path / "spec.toml").write_text(SPEC)
     env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
-    for extra in ([], ["--sample", "4"]):
+    for extra in ([], ["--sample", "5"], ["--jobs", "2"]):
         proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), *extra],
                               capture_output=True, text=True, env=env, timeout=600)
         out = proc.stdout + proc.stderr
-        assert proc.returncode == 1 and "pytest ended with code 7" in out, out
-    assert "not run (the pytest process ended first)" in out, out  # the sample's later tests
+        assert proc.returncode == 1, out
+        assert "ERROR TestTinyPRIVATEUSE1::test_zz_dies_pjrt: pytest ended with code 7 during this test" in out, out
+        # test_skipped comes after the crash in collection order: a new process ran it
+        assert "test_tiny.py: 1 passed, 0 failed, 1 errors, 1 skipped, 2 expected failures" in out, out
+
+
+def test_jobs_split_a_file_and_a_resumed_run_runs_only_what_is_left(tmp_path: Path) -> None:
+    code, out = _run(tmp_path, "3.0", SPEC, "--jobs", "2", "--outcomes", str(tmp_path / "out"))
+    assert code == 0 and "test_tiny.py: 1 passed, 0 failed, 0 errors, 1 skipped, 2 expected failures" in out, out
+    assert len(list((tmp_path / "out").glob("test_tiny.py.*.jsonl"))) == 2
+    # Resumed after the file changed: the tests with an outcome keep it (test_add is not run
+    # again, though it would fail now); the new test runs.
+    (tmp_path / "up" / "test_tiny.py").write_text(FILE.replace("{known}", "3.0").replace(
+        "torch.arange(4.0) * 2)", "torch.arange(4.0) * 3)").replace(
+        "    def test_skipped(self, device):", "    def test_new(self, device):\n        pass\n\n"
+        "    def test_skipped(self, device):"))
+    env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), "--outcomes",
+                           str(tmp_path / "out"), "--resume", "--report", str(tmp_path / "report.md")],
+                          capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "test_tiny.py: 2 passed, 0 failed, 0 errors, 1 skipped" in out, out
+    assert "| test_tiny.py | all | 2 | 0 | 0 | 1 | 2 (1) |" in (tmp_path / "report.md").read_text()
+    # Without --resume the directory's old outcomes are dropped and every test runs again.
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), "--outcomes",
+                           str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "FAILED TestTinyPRIVATEUSE1::test_add_pjrt" in out, out

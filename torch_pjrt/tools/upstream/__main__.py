@@ -5,6 +5,11 @@ file, and prints per file: passed, failed, errors, skipped, expected failures (t
 spec's), unexpected passes, and the share of non-skipped tests passing. Exits 1 on
 any failure, error or unexpected pass: the spec lists every known failure.
 
+--jobs N runs each file's tests in N pytest processes side by side. --outcomes DIR keeps
+every outcome there, and --resume then runs only the tests without one, so a run of many
+hours (test_ops.py on 2 cores) can be continued; a process that dies is charged to the
+test it was running and the rest go on in a new one.
+
 --sample N runs a fixed, evenly spread sample of N tests per file plus every test
 the spec expects to fail (the CI slice); --sample F=N,... samples only the files named
 and runs the others whole; without it every test runs. The report says, per file,
@@ -14,7 +19,10 @@ whether every test ran or a sample.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import dataclasses
+import functools
+import glob
 import json
 import os
 import subprocess
@@ -42,6 +50,7 @@ class FileResult:
     problems: list[dict[str, str]]  # failures, errors, unexpected passes
     cpu_too: int  # expected failures that fail on the CPU as well
     collected: int | None = None  # the file's test count when a sample ran (None: every test ran)
+    commits: list[str] = dataclasses.field(default_factory=list)  # the project's commits the outcomes come from
 
     @property
     def run(self) -> int:
@@ -58,25 +67,42 @@ class FileResult:
         return self.counts["passed"] / run if run else 1.0
 
 
-def _env(outcomes: str) -> dict[str, str]:
+def _env(outcomes: str, only: str | None) -> dict[str, str]:
     env = dict(os.environ, PYTORCH_TESTING_DEVICE_FOR_CUSTOM="privateuse1",
                PYTORCH_TESTING_DEVICE_ONLY_FOR="privateuse1", TORCH_PJRT_UPSTREAM_OUTCOMES=outcomes,
-               PYTORCH_PRINT_REPRO_ON_FAILURE="0", TORCH_PJRT_FALLBACK=os.environ.get("TORCH_PJRT_FALLBACK", "warn"))
+               PYTORCH_PRINT_REPRO_ON_FAILURE="0", TORCH_PJRT_FALLBACK=os.environ.get("TORCH_PJRT_FALLBACK", "warn"),
+               TORCH_PJRT_UPSTREAM_COMMIT=_commit())
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("TORCH_PJRT_UPSTREAM_ONLY", None)
+    if only is not None:
+        env["TORCH_PJRT_UPSTREAM_ONLY"] = only
     return env
 
 
-def _pytest(path: str, extra: list[str], outcomes: str, timeout: float) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torch_pjrt.tools.upstream.plugin",
-           "--rootdir", os.path.dirname(path), *extra]
-    return subprocess.run(cmd, cwd=os.path.dirname(path), env=_env(outcomes), capture_output=True, text=True,
-                          timeout=timeout)
+@functools.cache
+def _commit() -> str:
+    """The project's commit the outcomes come from ("+" when the work tree has changes)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
+
+
+def _pytest_cmd(path: str, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "torch_pjrt.tools.upstream.plugin",
+            "--rootdir", os.path.dirname(path), *extra]
 
 
 def _collect(path: str, selection: list[str]) -> list[str]:
-    proc = _pytest(path, ["--collect-only", path, *selection], os.devnull, 600)
+    proc = subprocess.run(_pytest_cmd(path, ["--collect-only", path, *selection]), cwd=os.path.dirname(path),
+                          env=_env(os.devnull, None), capture_output=True, text=True, timeout=900)
     ids = [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
-    if not ids:  # never hand pytest an empty list: it would run every file in the directory
+    if not ids:
         raise RuntimeError(f"upstream: collecting {path} gave no test ids:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     return ids
 
@@ -91,42 +117,102 @@ def _expected_to_fail(file: str, test: str) -> bool:
     return entry is not None and entry.expect == "fail"
 
 
-def run_file(path: str, sample: int | None, timeout: float) -> FileResult:
+def _read(paths: list[str]) -> dict[str, dict[str, str]]:
+    """Outcome records by test id (a later record of a test replaces an earlier one)."""
+    records: dict[str, dict[str, str]] = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    r = json.loads(line)
+                    records[r["test"]] = r
+    return records
+
+
+def _record(path: str, test: str, outcome: str, message: str) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps({"test": test, "outcome": outcome, "message": message, "commit": _commit()}) + "\n")
+
+
+def _run_part(path: str, selection: list[str], ids: list[str], outcomes: str, deadline: float) -> list[dict[str, str]]:
+    """Runs these tests (in collection order) in one pytest process, appending their outcomes
+    to `outcomes`. A process that dies (a crash, a signal) is charged to the test it was
+    running, recorded as that test's error, and a new process runs the rest. Returns the
+    problems that are not test outcomes (tests left unrun)."""
+    todo = ids
+    while todo:
+        with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as only:
+            only.write("\n".join(todo))
+        try:
+            proc = subprocess.Popen(_pytest_cmd(path, [path, *selection]), cwd=os.path.dirname(path),
+                                    env=_env(outcomes, only.name), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+            try:
+                output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                done = _read([outcomes])
+                return [{"test": t, "outcome": "error", "message": "not run (the file's time limit ran out)"}
+                        for t in todo if t not in done]
+        finally:
+            os.unlink(only.name)
+        done = _read([outcomes]) if os.path.exists(outcomes) else {}
+        missing = [t for t in todo if t not in done]
+        if not missing or proc.returncode in (0, 1, 5):
+            return [{"test": t, "outcome": "error", "message": f"not run (pytest ended with code {proc.returncode})"}
+                    for t in missing]
+        if proc.returncode in (2, 3, 4):  # interrupted, internal or usage error: no test will run
+            tail = output[-600:].replace("\n", " | ")
+            return [{"test": t, "outcome": "error", "message": f"pytest ended with code {proc.returncode}: {tail}"}
+                    for t in missing]
+        tail = output[-300:].replace("\n", " | ")
+        _record(outcomes, missing[0], "error", f"pytest ended with code {proc.returncode} during this test: {tail}")
+        todo = missing[1:]
+    return []
+
+
+def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outcomes_dir: str | None = None,
+             resume: bool = False) -> FileResult:
     file = os.path.basename(path)
     selection = ["-k", SELECTION[file]] if file in SELECTION else []
     start = time.perf_counter()
-    with tempfile.NamedTemporaryFile("r", suffix=".jsonl") as out:
-        collected = None
-        ids = []
-        if sample:
-            all_ids = _collect(path, selection)
-            collected = len(all_ids)
-            ids = _sample(all_ids, sample, file)
-            args = [f"{path}::{t}" for t in ids]
-        else:
-            args = [path, *selection]
-        proc = _pytest(path, args, out.name, timeout)
-        records = [json.loads(line) for line in out.read().splitlines() if line.strip()]
+    all_ids = _collect(path, selection)
+    ids = _sample(all_ids, sample, file) if sample else all_ids
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = outcomes_dir or scratch
+        os.makedirs(directory, exist_ok=True)
+        parts = sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(file)}.*.jsonl")))
+        if not resume:
+            for part in parts:
+                os.unlink(part)
+        done = _read(parts) if resume else {}
+        todo = [t for t in ids if t not in done]
+        jobs = max(1, min(jobs, len(todo)))
+        deadline = time.monotonic() + timeout
+        with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+            futures = [pool.submit(_run_part, path, selection, todo[j::jobs],
+                                   os.path.join(directory, f"{file}.{j}.jsonl"), deadline) for j in range(jobs)
+                       if todo[j::jobs]]
+            unrun = [p for f in futures for p in f.result()]
+        records = _read(sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(file)}.*.jsonl"))))
+    wanted = set(ids)
+    records = {t: r for t, r in records.items() if t in wanted}
     counts = {o: 0 for o in OUTCOMES}
     problems = []
-    cpu_too = sum(1 for r in records if r["outcome"] == "xfailed" and getattr(lookup(file, r["test"]), "cpu_too", False))
-    for r in records:
+    for r in records.values():
         counts[r["outcome"]] += 1
         if r["outcome"] in ("failed", "error", "xpassed"):
             problems.append(r)
-    # A test asked for that left no outcome, or a pytest that died (a crash, a signal), is an
-    # error of its own: never a shorter run that looks clean.
-    seen = {r["test"] for r in records}
-    for test in ids:
-        if test not in seen:
-            problems.append({"test": test, "outcome": "error", "message": "not run (the pytest process ended first)"})
+    for p in unrun:  # a test asked for that left no outcome is an error: never a shorter run that looks clean
+        if p["test"] not in records:
             counts["error"] += 1
-    if proc.returncode not in (0, 1, 5) or (not records and proc.returncode != 5):
-        problems.append({"test": "(the file)", "outcome": "error",
-                         "message": f"pytest ended with code {proc.returncode} after {len(records)} outcomes: "
-                                    + (proc.stdout[-400:] + proc.stderr[-400:]).replace("\n", " | ")})
-        counts["error"] += 1
-    return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too, collected)
+            problems.append(p)
+    cpu_too = sum(1 for r in records.values()
+                  if r["outcome"] == "xfailed" and getattr(lookup(file, r["test"]), "cpu_too", False))
+    commits = sorted({r.get("commit", "unknown") for r in records.values()})
+    return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too,
+                      len(all_ids) if sample else None, commits)
 
 
 def table(results: list[FileResult]) -> str:
@@ -145,7 +231,8 @@ def _total(results: list[FileResult]) -> FileResult:
     counts = {o: sum(r.counts[o] for r in results) for o in OUTCOMES}
     sampled = [r.collected if r.collected is not None else r.run + r.counts["skipped"] for r in results]
     return FileResult("all", counts, sum(r.seconds for r in results), [], sum(r.cpu_too for r in results),
-                      sum(sampled) if any(r.collected is not None for r in results) else None)
+                      sum(sampled) if any(r.collected is not None for r in results) else None,
+                      sorted({c for r in results for c in r.commits}))
 
 
 def _sample_size(option: str | None, file: str) -> int | None:
@@ -164,14 +251,21 @@ def main() -> None:
     parser.add_argument("--sample", help="N: tests per file, evenly spread, plus every expected failure; "
                         "F=N,...: sample only those files")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds per file")
+    parser.add_argument("--jobs", type=int, default=1, help="pytest processes per file, run side by side")
+    parser.add_argument("--outcomes", help="keep each test's outcome in this directory (one JSON-lines file per "
+                        "file and job) rather than in a temporary one")
+    parser.add_argument("--resume", action="store_true", help="with --outcomes: run only the tests that have no "
+                        "outcome there yet (a long run continued later); the report counts them all")
     parser.add_argument("--report", help="write a Markdown report here")
     args = parser.parse_args()
     names = args.files.split(",") if args.files else sorted(
         f for f in os.listdir(args.directory) if f.startswith("test_") and f.endswith(".py"))
     results = []
     for name in names:
+        if args.resume and not args.outcomes:
+            parser.error("--resume needs --outcomes")
         result = run_file(os.path.join(os.path.abspath(args.directory), name), _sample_size(args.sample, name),
-                          args.timeout)
+                          args.timeout, args.jobs, args.outcomes, args.resume)
         results.append(result)
         c = result.counts
         scope = "" if result.collected is None else f"; a sample of {result.run + c['skipped']} of {result.collected} tests"
@@ -185,8 +279,10 @@ def main() -> None:
     if args.report:
         command = "python -m torch_pjrt.tools.upstream " + " ".join(sys.argv[1:])
         with open(args.report, "w") as f:
+            commits = sorted({c for r in results for c in r.commits})
             f.write("# PyTorch's own test files on pjrt\n\nGenerated by `" + command + "` (spec: "
-                    f"`{os.path.relpath(SPEC)}`).\n\n" + table(results) + "\n")
+                    f"`{os.path.relpath(SPEC)}`; outcomes from commit{'s' if len(commits) > 1 else ''} "
+                    f"{', '.join(commits)}).\n\n" + table(results) + "\n")
     sys.exit(1 if any(r.problems for r in results) else 0)
 
 

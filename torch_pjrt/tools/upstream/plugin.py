@@ -45,6 +45,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    only = os.environ.get("TORCH_PJRT_UPSTREAM_ONLY")
+    if only:  # the runner's share of the file (a sample, a job's part, what a resumed run has left)
+        with open(only) as f:
+            wanted = set(f.read().split())
+        keep = [i for i in items if i.nodeid.split("::", 1)[1] in wanted]
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid.split("::", 1)[1] not in wanted])
+        items[:] = keep
     if not items:
         return
     file = os.path.basename(str(items[0].fspath))
@@ -100,4 +107,5 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             message = report.longrepr[2]
     with open(path, "a") as f:
         f.write(json.dumps({"test": report.nodeid.split("::", 1)[1], "outcome": outcome,
-                            "message": str(message).splitlines()[0][:300] if message else ""}) + "\n")
+                            "message": str(message).splitlines()[0][:300] if message else "",
+                            "commit": os.environ.get("TORCH_PJRT_UPSTREAM_COMMIT", "unknown")}) + "\n")
