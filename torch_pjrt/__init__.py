@@ -10,15 +10,11 @@ import os
 import sys
 
 
-def _autoload() -> None:
-    """Entry point for torch.backends autoload: importing this module is the work.
-
-    Defined before `import torch`: when torch_pjrt is imported first, torch's
-    autoload re-enters this partially initialized module and calls it.
-    """
-
-
 import torch  # noqa: E402
+from _torch_pjrt_autoload import build_mismatch  # noqa: E402
+
+if (_mismatch := build_mismatch()) is not None:
+    raise ImportError(_mismatch)
 
 from . import _plugins
 
