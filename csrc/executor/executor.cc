@@ -1,9 +1,14 @@
 #include "executor/executor.h"
 #include "executor/trace.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 
 #include <chrono>
 #include <cstdio>
@@ -22,6 +27,12 @@ void Metrics::reset() {
   memory_cache_evictions = 0;
   disk_cache_hits = 0;
   disk_cache_rejects = 0;
+  disk_cache_stores = 0;
+  disk_cache_waits = 0;
+  disk_cache_wait_ns = 0;
+  disk_cache_stale_locks = 0;
+  disk_cache_lock_timeouts = 0;
+  disk_cache_evictions = 0;
   executions = 0;
   host_syncs = 0;
   host_to_device_bytes = 0;
@@ -122,19 +133,38 @@ uint64_t get_u64(const std::string& s, size_t at) {
 }
 }  // namespace
 
+DiskCache::DiskCache(std::string dir, DiskCachePolicy policy) : dir_(std::move(dir)), policy_(policy) {}
+
 std::string DiskCache::path_for(const std::string& key) const {
   return dir_ + "/" + hex64(ir::fnv1a(key)) + ".pjrtexe";
 }
 
-bool DiskCache::load(const std::string& key, std::string* payload) const {
+namespace {
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+double seconds_since_modified(const struct stat& st) {
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) + (now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
+}
+
+constexpr const char* kEntrySuffix = ".pjrtexe";
+}  // namespace
+
+bool DiskCache::load(const std::string& key, std::string* payload, bool count_rejects) const {
   if (!enabled()) return false;
-  std::ifstream in(path_for(key), std::ios::binary);
+  const std::string path = path_for(key);
+  std::ifstream in(path, std::ios::binary);
   if (!in) return false;
   std::string data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // Layout: magic | fnv(key) | payload size | fnv(payload) | key size | key | payload.
   const size_t header = sizeof(kMagic) + 8 * 4;
   auto reject = [&] {
-    metrics().disk_cache_rejects++;
+    if (count_rejects) metrics().disk_cache_rejects++;
     return false;
   };
   if (data.size() < header || std::memcmp(data.data(), kMagic, sizeof(kMagic)) != 0) return reject();
@@ -148,6 +178,7 @@ bool DiskCache::load(const std::string& key, std::string* payload) const {
   if (data.compare(header, key_size, key) != 0) return reject();
   payload->assign(data, header + key_size, size);
   if (ir::fnv1a(*payload) != sum) return reject();
+  ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // its time of last use, for eviction
   return true;
 }
 
@@ -161,11 +192,12 @@ void DiskCache::store(const std::string& key, const std::string& payload) const 
   put_u64(data, key.size());
   data += key;
   data += payload;
-  // Unique temp name per process and call, then an atomic rename: readers in
+  // Unique temp name per host, process and call, then an atomic rename: readers in
   // other processes see either no entry or a whole one.
   static std::atomic<uint64_t> seq{0};
   std::string final_path = path_for(key);
-  std::string tmp = final_path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(seq++);
+  std::string tmp = final_path + ".tmp." + host_name() + "." + std::to_string(::getpid()) + "." +
+                    std::to_string(seq++);
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return;  // a read-only cache dir only costs warm starts
   size_t off = 0;
@@ -175,14 +207,168 @@ void DiskCache::store(const std::string& key, const std::string& payload) const 
     off += static_cast<size_t>(n);
   }
   ::close(fd);
-  if (off != data.size() || ::rename(tmp.c_str(), final_path.c_str()) != 0) ::unlink(tmp.c_str());
+  if (off != data.size() || ::rename(tmp.c_str(), final_path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return;
+  }
+  metrics().disk_cache_stores++;
+  if (policy_.max_bytes <= 0) return;
+  bool over;
+  {
+    std::lock_guard<std::mutex> lock(usage_->mu);
+    if (usage_->bytes >= 0) usage_->bytes += static_cast<int64_t>(data.size());
+    over = usage_->bytes < 0 || usage_->bytes > policy_.max_bytes;
+  }
+  if (over) evict_to_bound();
+}
+
+void DiskCache::evict_to_bound() const {
+  if (!enabled() || policy_.max_bytes <= 0) return;
+  std::lock_guard<std::mutex> lock(usage_->mu);
+  struct Item {
+    timespec used;
+    int64_t bytes;
+    std::string path;
+  };
+  std::vector<Item> items;
+  int64_t total = 0;
+  if (DIR* d = ::opendir(dir_.c_str())) {
+    while (dirent* e = ::readdir(d)) {
+      std::string name = e->d_name;
+      std::string path = dir_ + "/" + name;
+      struct stat st{};
+      if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+      const bool entry = name.size() > std::strlen(kEntrySuffix) &&
+                         name.compare(name.size() - std::strlen(kEntrySuffix), std::string::npos, kEntrySuffix) == 0;
+      if (!entry) {
+        // A temp file a dead writer left behind (a live one renames it within seconds).
+        if (name.find(".pjrtexe.tmp.") != std::string::npos && seconds_since_modified(st) > 3600) {
+          ::unlink(path.c_str());
+        }
+        continue;
+      }
+      items.push_back({st.st_mtim, static_cast<int64_t>(st.st_size), std::move(path)});
+      total += st.st_size;
+    }
+    ::closedir(d);
+  }
+  if (total > policy_.max_bytes) {
+    std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+      return a.used.tv_sec != b.used.tv_sec ? a.used.tv_sec < b.used.tv_sec : a.used.tv_nsec < b.used.tv_nsec;
+    });
+    // Down to 90% of the bound, so that the next few writes do not each rescan.
+    const int64_t target = policy_.max_bytes - policy_.max_bytes / 10;
+    for (const Item& item : items) {
+      if (total <= target) break;
+      if (::unlink(item.path.c_str()) == 0) {
+        total -= item.bytes;
+        metrics().disk_cache_evictions++;
+      }
+    }
+  }
+  usage_->bytes = total;
+}
+
+DiskCache::CompileLock::CompileLock(std::string path) : path_(std::move(path)) {
+  heartbeat_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_.wait_for(lock, std::chrono::seconds(2), [this] { return stopping_; })) {
+      ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0);
+    }
+  });
+}
+
+DiskCache::CompileLock::~CompileLock() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  stop_.notify_all();
+  heartbeat_.join();
+  ::unlink(path_.c_str());
+}
+
+bool DiskCache::take_over_if_stale(const std::string& lock_path) const {
+  struct stat st{};
+  if (::stat(lock_path.c_str(), &st) != 0) return true;  // released meanwhile
+  std::ifstream in(lock_path);
+  std::string host;
+  long pid = 0;
+  in >> host >> pid;
+  bool dead = false;
+  if (in && host == host_name() && pid > 0) {
+    dead = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;  // its holder on this host is gone
+  }
+  if (!dead && seconds_since_modified(st) < policy_.stale_seconds) return false;
+  // Renamed aside before removal, so that of several processes seeing the same stale
+  // lock only one removes it (a fresh lock taken meanwhile is not touched).
+  static std::atomic<uint64_t> seq{0};
+  std::string aside = lock_path + ".stale." + host_name() + "." + std::to_string(::getpid()) + "." +
+                      std::to_string(seq++);
+  if (::rename(lock_path.c_str(), aside.c_str()) == 0) {
+    ::unlink(aside.c_str());
+    metrics().disk_cache_stale_locks++;
+  }
+  return true;
+}
+
+bool DiskCache::load_or_lock(const std::string& key, std::string* payload,
+                             std::unique_ptr<CompileLock>* lock) const {
+  lock->reset();
+  if (!enabled()) return false;
+  ::mkdir(dir_.c_str(), 0755);
+  const std::string lock_path = path_for(key) + ".lock";
+  const auto start = std::chrono::steady_clock::now();
+  bool waited = false;
+  auto elapsed = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
+  auto note_wait = [&] {
+    if (!waited) return;
+    metrics().disk_cache_waits++;
+    metrics().disk_cache_wait_ns += static_cast<int64_t>(elapsed() * 1e9);
+  };
+  int pause_ms = 5;
+  for (bool first = true;; first = false) {
+    if (load(key, payload, first)) {
+      note_wait();
+      return true;
+    }
+    int fd = ::open(lock_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd >= 0) {
+      std::string owner = host_name() + " " + std::to_string(::getpid()) + "\n";
+      ssize_t written = ::write(fd, owner.data(), owner.size());
+      (void)written;
+      ::close(fd);
+      *lock = std::make_unique<CompileLock>(lock_path);
+      // The entry may have landed between the load above and taking the lock.
+      if (load(key, payload, false)) {
+        lock->reset();
+        note_wait();
+        return true;
+      }
+      note_wait();
+      return false;
+    }
+    if (errno != EEXIST) return false;  // an unwritable directory: compile without a lock
+    if (take_over_if_stale(lock_path)) continue;
+    if (elapsed() > policy_.wait_seconds) {
+      metrics().disk_cache_lock_timeouts++;
+      note_wait();
+      return false;
+    }
+    waited = true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+    pause_ms = std::min(pause_ms * 2, 200);
+  }
 }
 
 // ---------------------------------------------------------------- runtime
 
 Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
-                 std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides)
-    : disk_(std::move(cache_dir)) {
+                 std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides,
+                 DiskCachePolicy cache_policy)
+    : disk_(std::move(cache_dir), cache_policy) {
   auto api = runtime::Api::load(plugin_path);
   client_ = std::make_unique<runtime::Client>(api, options, compile_overrides);
   std::ostringstream id;
@@ -267,7 +453,10 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
   }
   std::string key = identity_ + "\n" + mlir;
   std::string payload;
-  if (disk_.load(key, &payload)) {
+  // On a miss this process takes the key's lock and compiles; another process
+  // compiling the same program meanwhile is waited for, and its entry read.
+  std::unique_ptr<DiskCache::CompileLock> compiling;
+  if (disk_.load_or_lock(key, &payload, &compiling)) {
     try {
       exe = client_->deserialize(payload);
       metrics().disk_cache_hits++;
@@ -295,6 +484,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
         // Plugins without serialization still work, just without a warm start.
       }
     }
+    compiling.reset();  // the entry is written (or cannot be): waiters go on
   }
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = memory_.try_emplace(cache_key, Entry{exe, {}});

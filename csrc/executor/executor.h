@@ -2,12 +2,14 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <list>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -23,6 +25,15 @@ struct Metrics {
   std::atomic<int64_t> memory_cache_evictions{0};
   std::atomic<int64_t> disk_cache_hits{0};
   std::atomic<int64_t> disk_cache_rejects{0};  // corrupt, truncated or mismatched entries
+  // The disk tier shared by processes (a fleet): entries written, waits for another
+  // process's compile of the same program (and their time), locks taken over from a
+  // compiler that died, waits given up (compiled here instead), entries evicted.
+  std::atomic<int64_t> disk_cache_stores{0};
+  std::atomic<int64_t> disk_cache_waits{0};
+  std::atomic<int64_t> disk_cache_wait_ns{0};
+  std::atomic<int64_t> disk_cache_stale_locks{0};
+  std::atomic<int64_t> disk_cache_lock_timeouts{0};
+  std::atomic<int64_t> disk_cache_evictions{0};
   std::atomic<int64_t> executions{0};
   std::atomic<int64_t> host_syncs{0};
   std::atomic<int64_t> host_to_device_bytes{0};
@@ -51,20 +62,67 @@ runtime::MemoryCounter& memory_counter(int device);
 runtime::ElementType to_pjrt(ir::DType dtype);
 ir::DType from_pjrt(runtime::ElementType type);
 
+// How the disk tier is shared and bounded.
+struct DiskCachePolicy {
+  // Total size of the entries; beyond it the least recently used go (0: unbounded).
+  // Approximate: each process counts its own writes between scans of the directory.
+  int64_t max_bytes = 10LL << 30;
+  // The longest a process waits for another's compile of the same program before
+  // compiling it itself.
+  double wait_seconds = 1800;
+  // A lock whose holder stopped refreshing it for this long is taken over (the holder
+  // died on another host; on this host a dead holder's pid is noticed at once).
+  double stale_seconds = 30;
+};
+
 // Disk tier: one file per executable, written atomically (tmp + rename), with a
-// header that is checked before the payload is trusted.
+// header that is checked before the payload is trusted. Shared by every process
+// pointing at the directory (a fleet on NFS or a bucket mount): a lock file per
+// key makes one process compile a program while the others wait and read it.
 class DiskCache {
  public:
-  explicit DiskCache(std::string dir) : dir_(std::move(dir)) {}
+  // Held while this process compiles a key: the lock file, refreshed by a thread so
+  // that waiters can tell a slow compile from a dead compiler; removed on destruction.
+  class CompileLock {
+   public:
+    explicit CompileLock(std::string path);
+    ~CompileLock();
+    CompileLock(const CompileLock&) = delete;
+    CompileLock& operator=(const CompileLock&) = delete;
+
+   private:
+    std::string path_;
+    std::mutex mu_;
+    std::condition_variable stop_;
+    bool stopping_ = false;
+    std::thread heartbeat_;
+  };
+
+  explicit DiskCache(std::string dir, DiskCachePolicy policy = {});
   bool enabled() const { return !dir_.empty(); }
   const std::string& dir() const { return dir_; }
+  const DiskCachePolicy& policy() const { return policy_; }
   // Returns false when absent; corrupt entries count as absent (and are reported).
-  bool load(const std::string& key, std::string* payload) const;
+  // A hit marks the entry as recently used. `count_rejects`: false for a re-read.
+  bool load(const std::string& key, std::string* payload, bool count_rejects = true) const;
   void store(const std::string& key, const std::string& payload) const;
   std::string path_for(const std::string& key) const;
+  // Before compiling `key` on a miss: returns true with `payload` filled when another
+  // process compiled it meanwhile (this one waited); otherwise returns false, and
+  // `lock` holds the key's lock for this process's compile (null when the wait timed out).
+  bool load_or_lock(const std::string& key, std::string* payload, std::unique_ptr<CompileLock>* lock) const;
+  // Drops least recently used entries until the directory is within max_bytes.
+  void evict_to_bound() const;
 
  private:
   std::string dir_;
+  DiskCachePolicy policy_;
+  struct Usage {
+    std::mutex mu;
+    int64_t bytes = -1;  // the directory's size as this process knows it (-1: not scanned)
+  };
+  std::shared_ptr<Usage> usage_ = std::make_shared<Usage>();
+  bool take_over_if_stale(const std::string& lock_path) const;
 };
 
 // Identifies the host CPU's instruction set (CPU executables hold machine code).
@@ -73,7 +131,8 @@ std::string host_cpu_features();
 class Runtime {
  public:
   Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
-          std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides = {});
+          std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides = {},
+          DiskCachePolicy cache_policy = {});
   ~Runtime();
 
   runtime::Client& client() { return *client_; }
@@ -92,7 +151,7 @@ class Runtime {
   // by one plugin or flag set is never loaded by another.
   const std::string& identity() const { return identity_; }
   DiskCache& disk_cache() { return disk_; }
-  void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir); }
+  void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir, disk_.policy()); }
   size_t memory_cache_size();
   void clear_memory_cache();
   // Least recently used executables beyond `capacity` are dropped (the disk

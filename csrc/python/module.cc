@@ -33,6 +33,12 @@ py::dict metrics_dict() {
   d["memory_cache_evictions"] = m.memory_cache_evictions.load();
   d["disk_cache_hits"] = m.disk_cache_hits.load();
   d["disk_cache_rejects"] = m.disk_cache_rejects.load();
+  d["disk_cache_stores"] = m.disk_cache_stores.load();
+  d["disk_cache_waits"] = m.disk_cache_waits.load();
+  d["disk_cache_wait_seconds"] = static_cast<double>(m.disk_cache_wait_ns.load()) / 1e9;
+  d["disk_cache_stale_locks"] = m.disk_cache_stale_locks.load();
+  d["disk_cache_lock_timeouts"] = m.disk_cache_lock_timeouts.load();
+  d["disk_cache_evictions"] = m.disk_cache_evictions.load();
   d["executions"] = m.executions.load();
   d["host_syncs"] = m.host_syncs.load();
   d["host_to_device_bytes"] = m.host_to_device_bytes.load();
@@ -145,10 +151,14 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("_configure", [](const std::string& plugin_path, int64_t cpu_device_count, const std::string& cache_dir,
                            const std::string& missing_message,
                            const std::vector<std::pair<std::string, std::variant<bool, int64_t, double, std::string>>>&
-                               compile_overrides) {
+                               compile_overrides,
+                           int64_t cache_max_bytes, double cache_wait_seconds) {
     std::vector<runtime::CompileOverride> overrides;
     for (const auto& [name, value] : compile_overrides) overrides.push_back({name, value});
-    device::configure_runtime(plugin_path, cpu_device_count, cache_dir, missing_message, overrides);
+    executor::DiskCachePolicy policy;
+    policy.max_bytes = cache_max_bytes;
+    policy.wait_seconds = cache_wait_seconds;
+    device::configure_runtime(plugin_path, cpu_device_count, cache_dir, missing_message, overrides, policy);
   });
   mod.def("_compile_options", [] { return py::bytes(device::rt().client().compile_options()); });
   mod.def("_cache_identity", [] { return device::rt().identity(); });

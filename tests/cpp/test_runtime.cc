@@ -3,7 +3,13 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <chrono>
+#include <thread>
 
 #include "executor/executor.h"
 #include "ir/builder.h"
@@ -155,6 +161,111 @@ TEST(DiskCache, StoreLoadAndRejectCorruption) {
   cache.store("key-1", payload);
   ASSERT_EQ(0, truncate(cache.path_for("key-1").c_str(), 40));
   EXPECT_FALSE(cache.load("key-1", &got));
+}
+
+namespace {
+std::string temp_dir() {
+  char tmpl[] = "/tmp/pjrt_cache_XXXXXX";
+  return mkdtemp(tmpl);
+}
+
+void set_mtime(const std::string& path, time_t seconds_ago) {
+  timespec times[2];
+  ::clock_gettime(CLOCK_REALTIME, &times[0]);
+  times[0].tv_sec -= seconds_ago;
+  times[1] = times[0];
+  ASSERT_EQ(0, ::utimensat(AT_FDCWD, path.c_str(), times, 0));
+}
+
+std::string this_host() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+}  // namespace
+
+TEST(DiskCache, ASecondProcessWaitsForTheCompilerAndReadsItsEntry) {
+  std::string dir = temp_dir();
+  executor::DiskCache compiler(dir), waiter(dir);  // two processes' views of one directory
+  std::string got;
+  std::unique_ptr<executor::DiskCache::CompileLock> lock;
+  ASSERT_FALSE(compiler.load_or_lock("prog", &got, &lock));
+  ASSERT_TRUE(lock);
+  int64_t waits = executor::metrics().disk_cache_waits;
+  std::thread compiling([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    compiler.store("prog", "executable");
+    lock.reset();
+  });
+  std::unique_ptr<executor::DiskCache::CompileLock> second;
+  EXPECT_TRUE(waiter.load_or_lock("prog", &got, &second));  // waited, then read: no compile of its own
+  compiling.join();
+  EXPECT_FALSE(second);
+  EXPECT_EQ(got, "executable");
+  EXPECT_EQ(executor::metrics().disk_cache_waits, waits + 1);
+  EXPECT_FALSE(std::ifstream(compiler.path_for("prog") + ".lock"));  // released
+}
+
+TEST(DiskCache, ALockWhoseHolderDiedIsTakenOver) {
+  std::string dir = temp_dir();
+  executor::DiskCache cache(dir);
+  const std::string lock_path = cache.path_for("prog") + ".lock";
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);  // a pid on this host that no longer runs
+  std::ofstream(lock_path) << this_host() << " " << child << "\n";
+  int64_t stale = executor::metrics().disk_cache_stale_locks;
+  std::string got;
+  std::unique_ptr<executor::DiskCache::CompileLock> lock;
+  auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(cache.load_or_lock("prog", &got, &lock));
+  EXPECT_TRUE(lock);  // this process compiles now
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));  // not after the stale age
+  EXPECT_EQ(executor::metrics().disk_cache_stale_locks, stale + 1);
+}
+
+TEST(DiskCache, AnotherHostsLockIsWaitedForUntilItGoesStale) {
+  std::string dir = temp_dir();
+  executor::DiskCachePolicy policy;
+  policy.wait_seconds = 0.5;
+  executor::DiskCache cache(dir, policy);
+  const std::string lock_path = cache.path_for("prog") + ".lock";
+  std::string got;
+  std::unique_ptr<executor::DiskCache::CompileLock> lock;
+  // Refreshed a moment ago by a compiler elsewhere: waited for, up to wait_seconds.
+  ::mkdir(dir.c_str(), 0755);
+  std::ofstream(lock_path) << "another-host 1\n";
+  int64_t timeouts = executor::metrics().disk_cache_lock_timeouts;
+  EXPECT_FALSE(cache.load_or_lock("prog", &got, &lock));
+  EXPECT_FALSE(lock);  // gave up waiting: compiles without the lock
+  EXPECT_EQ(executor::metrics().disk_cache_lock_timeouts, timeouts + 1);
+  // Not refreshed for longer than the stale age: its holder is gone.
+  set_mtime(lock_path, 120);
+  EXPECT_FALSE(cache.load_or_lock("prog", &got, &lock));
+  EXPECT_TRUE(lock);
+}
+
+TEST(DiskCache, TheSizeBoundEvictsTheLeastRecentlyUsed) {
+  std::string dir = temp_dir();
+  executor::DiskCachePolicy policy;
+  policy.max_bytes = 4500;
+  executor::DiskCache cache(dir, policy);
+  const std::string payload(1000, 'p');
+  for (int i = 0; i < 4; ++i) {
+    cache.store("key-" + std::to_string(i), payload);
+    set_mtime(cache.path_for("key-" + std::to_string(i)), 100 - i);  // key-0 oldest
+  }
+  std::string got;
+  ASSERT_TRUE(cache.load("key-0", &got));  // used now: the most recent
+  int64_t evictions = executor::metrics().disk_cache_evictions;
+  cache.store("key-4", payload);  // over the bound: down to 90% of it
+  EXPECT_EQ(executor::metrics().disk_cache_evictions, evictions + 2);
+  EXPECT_TRUE(cache.load("key-0", &got));
+  EXPECT_FALSE(cache.load("key-1", &got));
+  EXPECT_FALSE(cache.load("key-2", &got));
+  EXPECT_TRUE(cache.load("key-3", &got));
+  EXPECT_TRUE(cache.load("key-4", &got));
 }
 
 // Looks a module up by a key made from its text (the device layer keys by graph structure).

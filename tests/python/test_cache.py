@@ -97,3 +97,88 @@ def test_concurrent_processes_share_a_cache_dir(tmp_path):
     assert len(values) == 1
     assert not glob.glob(os.path.join(cache, "*.tmp.*"))  # no half-written entries left behind
     assert run_child(cache)["compiles"] == 0
+
+
+FLEET_CHILD = """
+import json, os, sys, time, torch, torch_pjrt
+while not os.path.exists(sys.argv[1]):  # start together: every process misses at once
+    time.sleep(0.005)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).to("pjrt")
+x = torch.randn(5, 8).to("pjrt")
+loss = model(x).logsumexp(-1).mean()
+loss.backward()
+m = torch_pjrt.metrics()
+print(json.dumps({"loss": loss.item(), "grads": [p.grad.cpu().tolist() for p in model.parameters()],
+                  **{k: m[k] for k in ("compiles", "disk_cache_hits", "disk_cache_rejects", "disk_cache_waits",
+                                       "disk_cache_stale_locks", "disk_cache_lock_timeouts")}}))
+"""
+
+
+def _fleet(cache: str, start_file: str, n: int) -> list[dict]:
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=cache, TORCH_PJRT_EAGER_MODE="strict")
+    procs = [subprocess.Popen([PY, "-c", FLEET_CHILD, start_file], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=env) for _ in range(n)]
+    if not os.path.exists(start_file):
+        import time
+
+        time.sleep(3)  # all of them imported and waiting
+        open(start_file, "w").close()
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
+    return [json.loads(o[0].strip().splitlines()[-1]) for o in outs]
+
+
+def _reference() -> tuple[float, list]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    x = torch.randn(5, 8).double()
+    loss = model(x).logsumexp(-1).mean()
+    loss.backward()
+    return loss.item(), [p.grad for p in model.parameters()]
+
+
+def test_a_fleet_of_processes_compiles_each_program_once(tmp_path):
+    # The programs one process compiles alone, in a cache of its own.
+    alone = _fleet(str(tmp_path / "alone"), str(tmp_path / "go-alone"), 1)[0]
+    programs = alone["compiles"]
+    assert programs > 3
+    # Four processes starting together on one directory: one compile per program in
+    # all, the others wait for it and read the entry; every result the same.
+    fleet = _fleet(str(tmp_path / "shared"), str(tmp_path / "go"), 4)
+    assert sum(r["compiles"] for r in fleet) == programs, fleet
+    assert all(r["compiles"] + r["disk_cache_hits"] == programs for r in fleet), fleet
+    assert sum(r["disk_cache_waits"] for r in fleet) > 0, fleet  # they did meet on the same programs
+    assert all(r["disk_cache_rejects"] == 0 and r["disk_cache_lock_timeouts"] == 0 for r in fleet), fleet
+    assert all(r["loss"] == alone["loss"] and r["grads"] == alone["grads"] for r in fleet)
+    loss, grads = _reference()  # and right: float32 against a float64 reference
+    assert abs(alone["loss"] - loss) <= 1e-5 * abs(loss)
+    for got, want in zip(alone["grads"], grads):
+        torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-4, atol=1e-6)
+    assert not glob.glob(str(tmp_path / "shared" / "*.lock")) and not glob.glob(str(tmp_path / "shared" / "*.tmp.*"))
+
+
+def test_a_killed_compilers_locks_are_taken_over(tmp_path):
+    import signal
+    import socket
+
+    first = tmp_path / "first"
+    alone = _fleet(str(first), str(tmp_path / "go-first"), 1)[0]
+    names = [os.path.basename(p) for p in glob.glob(str(first / "*.pjrtexe"))]
+    assert len(names) == alone["compiles"]
+    # A compiler on this host that was killed while holding every program's lock.
+    victim = subprocess.Popen(["sleep", "600"])
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for name in names:
+        (shared / (name + ".lock")).write_text(f"{socket.gethostname()} {victim.pid}\n")
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+    import time
+
+    start = time.monotonic()
+    result = _fleet(str(shared), str(tmp_path / "go-shared"), 1)[0]
+    assert time.monotonic() - start < 120  # not the 30-minute wait: the dead holder is noticed
+    assert result["disk_cache_stale_locks"] == len(names) and result["compiles"] == len(names), result
+    assert result["loss"] == alone["loss"]
+    assert not glob.glob(str(shared / "*.lock"))
