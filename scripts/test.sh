@@ -5,8 +5,9 @@
 # `python -m torch_pjrt.qualify`), then pytest in strict eager mode (the whole
 # suite), then the op, view, autograd, training and model tests again in fused
 # eager mode (less what does not depend on the eager mode: compiled model
-# training, debug mode, the conformance slice). Between the two, a slice of
-# PyTorch's own device-generic test files (scripts/upstream.sh runs them whole).
+# training, debug mode, the conformance slice). Between the two, the packaging
+# check (scripts/test_packaging.sh) and a slice of PyTorch's own device-generic
+# test files (scripts/upstream.sh runs them whole).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -23,13 +24,15 @@ if [ $# -gt 0 ]; then  # a selection: run it once, in the mode the environment n
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
   exit
 fi
+# pip install / pip wheel --no-build-isolation into new venvs that hold torch.
+bash scripts/test_packaging.sh
 UPSTREAM="${TORCH_PJRT_UPSTREAM_DIR:-../shared/upstream}"
 if [ -d "$UPSTREAM" ]; then
   # A fixed, evenly spread sample of each file plus every test the spec names: a new
   # failure or an expected failure that starts passing turns this red. The full run is
   # scripts/upstream.sh.
   echo "== PyTorch's own test files (slice; from $UPSTREAM)"
-  .venv/bin/python -m torch_pjrt.tools.upstream "$UPSTREAM" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-30}"
+  .venv/bin/python -m torch_pjrt.tools.upstream "$UPSTREAM" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-30}" --jobs 2
 else
   echo "== PyTorch's own test files: NOT RUN, no directory $UPSTREAM (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
 fi

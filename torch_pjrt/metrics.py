@@ -28,7 +28,10 @@ def metrics_report() -> str:
         "torch_pjrt metrics",
         f"  compiles            {m['compiles']} ({m['compile_seconds']:.2f} s)",
         f"  memory cache hits   {m['memory_cache_hits']} (evictions: {m['memory_cache_evictions']})",
-        f"  disk cache hits     {m['disk_cache_hits']} (rejected entries: {m['disk_cache_rejects']})",
+        f"  disk cache hits     {m['disk_cache_hits']} (rejected entries: {m['disk_cache_rejects']}; "
+        f"written: {m['disk_cache_stores']}; evicted: {m['disk_cache_evictions']})",
+        f"  waits for another process's compile {m['disk_cache_waits']} ({m['disk_cache_wait_seconds']:.2f} s; "
+        f"stale locks taken over: {m['disk_cache_stale_locks']}; waits given up: {m['disk_cache_lock_timeouts']})",
         f"  executions          {m['executions']}",
         f"  host syncs          {m['host_syncs']}",
         f"  host->device bytes  {m['host_to_device_bytes']}",
