@@ -123,10 +123,12 @@ at::Tensor& signbit_out(const at::Tensor& self, at::Tensor& out) {
   return out;
 }
 at::Tensor& isposinf_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kBool, "isposinf does not support non-boolean outputs.");
   unary_op("isposinf", self, &out, false, true);
   return out;
 }
 at::Tensor& isneginf_out(const at::Tensor& self, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kBool, "isneginf does not support non-boolean outputs.");
   unary_op("isneginf", self, &out, false, true);
   return out;
 }

@@ -170,6 +170,11 @@ std::tuple<Tensor, Tensor> frexp_fn(const Tensor& self) {
   return {mant, expo};
 }
 std::tuple<Tensor&, Tensor&> frexp_out(const Tensor& self, Tensor& mantissa, Tensor& exponent) {
+  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.frexp() only supports floating-point dtypes");
+  TORCH_CHECK(mantissa.scalar_type() == self.scalar_type(), "torch.frexp() expects mantissa to have dtype ",
+              self.scalar_type(), " but got ", mantissa.scalar_type());
+  TORCH_CHECK(exponent.scalar_type() == at::kInt, "torch.frexp() expects exponent to have int dtype but got ",
+              exponent.scalar_type());
   auto [m, e] = frexp_fn(self);
   write_outs("frexp", {m, e}, {mantissa, exponent});
   return {mantissa, exponent};

@@ -470,7 +470,41 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     // part that changes sign across the cut takes it from z (Im for sqrt and acosh, Re for asinh).
     Value r = b.unary(name == "sqrt" ? "sqrt" : "chlo." + name, x);
     if (name == "asinh") return b.complex(signed_as(b, b.real(r), re), b.imag(r));
-    return b.complex(b.real(r), signed_as(b, b.imag(r), im));
+    r = b.complex(b.real(r), signed_as(b, b.imag(r), im));
+    if (name == "sqrt") {
+      // C99 (Annex G), as numpy and torch's CPU: sqrt(x +- inf i) = inf +- inf i for every x,
+      // NaN included; sqrt(-inf + y i) = 0 +- inf i and sqrt(inf + y i) = inf +- 0 i for finite y.
+      Value inf = b.scalar_like(re, INFINITY), zero = b.scalar_like(re, 0);
+      Value im_inf = unary_table().at("isinf")(b, im);
+      Value y_finite = b.unary("is_finite", im);
+      Value re_pinf = b.compare(re, inf, "EQ"), re_ninf = b.compare(re, b.unary("negate", inf), "EQ");
+      r = b.select(b.binary("and", re_ninf, y_finite), b.complex(zero, signed_as(b, inf, im)), r);
+      r = b.select(b.binary("and", re_pinf, y_finite), b.complex(inf, signed_as(b, zero, im)), r);
+      r = b.select(im_inf, b.complex(inf, im), r);
+    }
+    return r;
+  }
+  if (name == "abs") {
+    // |z| is inf when either part is, NaN or not (C99's hypot and cabs).
+    Value mag = b.unary("abs", x);
+    return b.select(either("isinf"), b.scalar_like(mag, INFINITY), mag);
+  }
+  if (name == "exp2") {
+    // 2^z = e^(z ln 2), with exp's special values (as torch's CPU kernel computes it).
+    // Each part scaled by the real ln 2 (a complex product would make inf * 0 a NaN).
+    Value ln2 = b.scalar_like(re, M_LN2);
+    return complex_unary(b, "exp", b.complex(b.binary("multiply", re, ln2), b.binary("multiply", im, ln2)));
+  }
+  if (name == "exp") {
+    // C99 (Annex G), as numpy: exp(x + 0i) = e^x + 0i exactly (no inf * 0); exp(inf + y i) with y
+    // infinite or NaN is inf + NaN i, and exp(-inf + y i) is 0 + 0i.
+    Value r = b.unary("exponential", x);
+    Value inf = b.scalar_like(re, INFINITY), zero = b.scalar_like(re, 0), nan = b.scalar_like(re, NAN);
+    Value y_bad = b.unary("not", b.unary("is_finite", im));
+    Value re_pinf = b.compare(re, inf, "EQ"), re_ninf = b.compare(re, b.unary("negate", inf), "EQ");
+    r = b.select(b.binary("and", re_pinf, y_bad), b.complex(inf, nan), r);
+    r = b.select(b.binary("and", re_ninf, y_bad), b.complex(zero, zero), r);
+    return b.select(b.compare(im, zero, "EQ"), b.complex(b.unary("exponential", re), im), r);
   }
   if (name == "isnan" || name == "isinf") return either(name);
   if (name == "isfinite") return b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));
@@ -504,6 +538,9 @@ Value unary(Builder& b, const std::string& name, Value x, DType compute, DType o
     if (name == "isfinite") return b.convert(b.constant_int(DType::Pred, 1, b.dims(x)), out);
     if (name == "frac") return b.convert(b.constant_int(compute, 0, b.dims(x)), out);
   }
+  // Half precision is computed in float32 and rounded once, as torch's kernels do: an
+  // expansion (acosh, sinh, sinc ...) run in float16 rounds at every step, a unit off.
+  if (compute == DType::F16 || compute == DType::BF16) compute = DType::F32;
   Value r = it->second(b, b.convert(x, compute));
   return b.convert(r, out);
 }
@@ -755,6 +792,7 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
   Value a_inf = b.binary("and", b.compare(a, c(b, a, INFINITY), "EQ"), b.unary("is_finite", x));
   r = b.select(a_inf, c(b, r, upper ? 1 : 0), r);
   r = b.select(b.binary("and", a_zero, zero_x), c(b, r, NAN), r);
+  r = b.select(b.binary("and", b.compare(a, c(b, a, INFINITY), "EQ"), inf_x), c(b, r, NAN), r);  // inf/inf
   r = b.select(bad, c(b, r, NAN), r);
   return b.convert(r, out);
 }
