@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The main job: trains a small transformer on the pjrt device and on CPU.
+# The main job: trains a GPT-style transformer compiled on pjrt next to CPU PyTorch, then
+# benchmarks every way of running it side by side (examples/main_job.py; table and plot in
+# build/main_job/). examples/train_transformer.py is the plain eager training script.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python examples/train_transformer.py "$@"
+exec .venv/bin/python examples/main_job.py "$@"

@@ -31,7 +31,7 @@ if _examples_dir() not in sys.path:
 
 from models import MLP, SmallCNN, TinyTransformer, synthetic_images, synthetic_tokens  # noqa: E402
 
-Step = Callable[[], None]
+Step = Callable[[], torch.Tensor]  # one training step; returns its loss
 
 
 def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
@@ -48,10 +48,12 @@ def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
     forward = torch.compile(loss, backend=backend, dynamic=False) if backend else loss
     update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
 
-    def step() -> None:
+    def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
-        forward().backward()
+        loss = forward()
+        loss.backward()
         update()
+        return loss.detach()  # for a caller that logs it; the benchmark ignores it
 
     return step
 

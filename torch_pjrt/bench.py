@@ -166,12 +166,19 @@ class _Measured:
     fallbacks: dict[str, int] | None
 
 
-def _measure(make_step: MakeStep, target: Target, warmup: int, iters: int) -> _Measured:
+Progress = Callable[[str], None]
+
+
+def _measure(make_step: MakeStep, target: Target, warmup: int, iters: int,
+             progress: Progress | None = None) -> _Measured:
+    say = progress or (lambda _: None)
     torch._dynamo.reset()  # each target traces afresh: no graphs left by the previous one
     device = target.device
     with _eager_mode(target):
         step = make_step(device, target.backend)
+        say(f"{target.name}: first step (cold start: tracing and compiling) ...")
         _, cold = time_call(step, device)
+        say(f"{target.name}: cold start {cold:.2f} s; {warmup} warm-up steps, then {iters} timed ...")
         for _ in range(warmup):
             step()
         sync(device)
@@ -180,6 +187,7 @@ def _measure(make_step: MakeStep, target: Target, warmup: int, iters: int) -> _M
         graphs = _dynamo_graphs()
         seconds = [time_call(step, device)[1] for _ in range(iters)]
         graphs = _dynamo_graphs() - graphs
+    say(f"{target.name}: median {statistics.median(seconds) * 1e3:.1f} ms per step")
     programs, fallbacks = None, None
     if _is_pjrt(device):
         m = torch_pjrt.metrics()
@@ -224,12 +232,16 @@ def _flag_precision(results: list[Result]) -> None:
 
 def benchmark(make_step: MakeStep, targets: Sequence[Target], warmup: int = 5, iters: int = 20,
               tokens_per_step: int | None = None, hourly_rate: float | None = None,
-              precision: str = "float32") -> list[Result]:
-    """Runs the step on each target in turn (see the module's docstring); one Result each."""
+              precision: str = "float32", progress: Progress | None = None) -> list[Result]:
+    """Runs the step on each target in turn (see the module's docstring); one Result each.
+    `progress` (e.g. print) hears a line as each target starts and ends its phases."""
     if iters < 1 or warmup < 0:
         raise ValueError(f"torch_pjrt.bench: need iters >= 1 and warmup >= 0, got {iters} and {warmup}")
-    results = [_result(_measure(make_step, t, warmup, iters), t, warmup, tokens_per_step, hourly_rate, precision)
-               for t in targets]
+    results = []
+    for i, t in enumerate(targets):
+        step_progress = (lambda line, i=i: progress(f"[{i + 1}/{len(targets)}] {line}")) if progress else None
+        results.append(_result(_measure(make_step, t, warmup, iters, step_progress), t, warmup, tokens_per_step,
+                               hourly_rate, precision))
     if results:
         _flag_precision(results)
     return results
@@ -340,11 +352,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--md", help="write the Markdown table here")
     p.add_argument("--json", help="write the results and the environment here")
     p.add_argument("--png", help="write the plot here")
+    p.add_argument("--quiet", action="store_true", help="no progress lines (on stderr) while it runs")
     p.add_argument("--plugins", default="",
                    help="comma-separated PJRT plugins (TORCH_PJRT_PLUGIN values, e.g. cpu,xla-cpu-pjrt, each "
                         "optionally with XLA options: 'xla-cpu-pjrt[xla_cpu_use_xnnpack=false;...]'): the pjrt "
                         "targets run once per plugin, each plugin in a process of its own, in one table")
     return p
+
+
+def _progress(line: str) -> None:
+    import sys
+
+    print(f"bench: {line}", file=sys.stderr, flush=True)
 
 
 def _plugin_label(plugin: str) -> str:
@@ -396,7 +415,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     keys = [k for k in args.targets.split(",") if k]
     targets = standard_targets(keys, args.baseline_device)
     plugins = [p for p in args.plugins.split(",") if p]
-    results = benchmark(make_step, targets, args.warmup, args.iters, tokens_per_step, args.hourly_rate)
+    results = benchmark(make_step, targets, args.warmup, args.iters, tokens_per_step, args.hourly_rate,
+                        progress=None if args.quiet else _progress)
     if plugins:
         # This process's plugin first, then every other one in a process of its own.
         here = os.environ.get("TORCH_PJRT_PLUGIN", "cpu") or "cpu"

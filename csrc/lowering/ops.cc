@@ -489,6 +489,22 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     Value mag = b.unary("abs", x);
     return b.select(either("isinf"), b.scalar_like(mag, INFINITY), mag);
   }
+  if (name == "sinh" || name == "cosh") {
+    // By parts: sinh(x + yi) = sinh x cos y + i cosh x sin y, cosh(x + yi) = cosh x cos y +
+    // i sinh x sin y, in float64 for complex64 (e^x / 2 overflows float32 before the product
+    // with cos y does; (e^z - e^-z) / 2 made that inf - inf = NaN). Infinite and NaN parts
+    // keep the expansion's special values.
+    DType part = b.dtype(re), wide = part == DType::F32 ? DType::F64 : part;
+    Value xr = b.convert(re, wide), yi = b.convert(im, wide);
+    Value sh = unary_table().at("sinh")(b, xr), ch = unary_table().at("cosh")(b, xr);
+    Value real = b.binary("multiply", name == "sinh" ? sh : ch, b.unary("cosine", yi));
+    Value imag = b.binary("multiply", name == "sinh" ? ch : sh, b.unary("sine", yi));
+    // On the real axis an overflowed sinh/cosh times sin 0 is inf * 0: the imaginary part is y's zero.
+    imag = b.select(b.binary("and", b.compare(yi, b.scalar_like(yi, 0), "EQ"), b.compare(imag, imag, "NE")), yi, imag);
+    Value parts = b.complex(b.convert(real, part), b.convert(imag, part));
+    Value finite = b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));
+    return b.select(finite, parts, unary_table().at(name)(b, x));
+  }
   if (name == "exp2") {
     // 2^z = e^(z ln 2), with exp's special values (as torch's CPU kernel computes it).
     // Each part scaled by the real ln 2 (a complex product would make inf * 0 a NaN).
