@@ -16,6 +16,17 @@ import os
 import warnings
 
 
+def mismatch(built: str, installed: str) -> str | None:
+    """Why an extension built against torch `built` cannot load under torch `installed`
+    (None: it can). The C++ ABI holds within a minor release (2.13.0 and 2.13.1, CPU and
+    CUDA builds alike), not across them."""
+    if built.split("+")[0].split(".")[:2] != installed.split("+")[0].split(".")[:2]:
+        return (f"torch_pjrt was built against torch {built}, but torch {installed} is installed: PyTorch's C++ "
+                "ABI changes between minor releases. Rebuild it against this torch: pip install "
+                "--no-build-isolation --force-reinstall --no-deps torch_pjrt (or `.` from a checkout)")
+    return None
+
+
 def build_mismatch() -> str | None:
     """Why the built extension cannot load under the installed torch (None: it can)."""
     import torch
@@ -29,12 +40,7 @@ def build_mismatch() -> str | None:
             built = json.load(f)["torch"]
     except (OSError, ValueError, KeyError):
         return None  # a build without the record (a hand-run CMake build): nothing to compare
-    installed = torch.__version__
-    if built.split("+")[0].split(".")[:2] != installed.split("+")[0].split(".")[:2]:
-        return (f"torch_pjrt was built against torch {built}, but torch {installed} is installed: PyTorch's C++ "
-                "ABI changes between minor releases. Rebuild it against this torch: pip install "
-                "--no-build-isolation --force-reinstall --no-deps torch_pjrt (or `.` from a checkout)")
-    return None
+    return mismatch(built, torch.__version__)
 
 
 def autoload() -> None:

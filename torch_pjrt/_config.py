@@ -53,8 +53,14 @@ def _log_fallback(op: str) -> None:
 def configure_from_env() -> None:
     # XLA's INFO lines (e.g. "cpu_device_count set via create_options") are noise
     # for users; the plugin reads this when it starts. An explicit setting wins.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+    # The CPU plugins also log an ERROR for every executable read from the disk cache
+    # on AVX-512 hosts (LLVM's tuning flags such as +prefer-no-gather are not CPUID
+    # features, so its loader's comparison always fails there), several KB each. The
+    # cache key holds the host's CPU flags, so a loaded executable always matches its
+    # host: for the CPU plugins only fatal lines are shown. Errors still reach the user
+    # as exceptions, through PJRT.
     choice = _plugins.choose_plugin()
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if _plugins.is_cpu(choice) else "1")
     devices = int(os.environ.get("TORCH_PJRT_CPU_DEVICES", "1"))
     # A process waits this long for another's compile of the same program (a fleet
     # sharing TORCH_PJRT_CACHE_DIR) before compiling it itself.

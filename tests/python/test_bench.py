@@ -46,8 +46,12 @@ def toy(calls: dict[str, int], slow_calls: int = 0, new_shape_at: int = 0,
 
 def test_cold_start_and_warmup_are_not_timed() -> None:
     calls: dict[str, int] = {}
-    results = benchmark(toy(calls, slow_calls=3), [STRICT, CPU], warmup=2, iters=5)
+    lines: list[str] = []
+    results = benchmark(toy(calls, slow_calls=3), [STRICT, CPU], warmup=2, iters=5, progress=lines.append)
     assert calls == {PJRT: 1 + 2 + 5, "cpu": 1 + 2 + 5}
+    # Progress: each target's phases as they start, numbered, the cold start as measured.
+    assert len(lines) == 6 and lines[0].startswith("[1/2] ") and lines[3].startswith("[2/2] "), lines
+    assert f"cold start {results[0].cold_start_s:.2f} s" in lines[1], lines
     for r in results:
         assert len(r.times_ms) == 5
         assert r.cold_start_s >= 0.2  # the slow first call, timed on its own

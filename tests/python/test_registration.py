@@ -49,6 +49,22 @@ def test_autoload_through_import_torch():
     assert r.stdout.strip().endswith("4.0")
 
 
+def test_a_build_for_another_torch_is_refused_and_autoload_only_warns(monkeypatch):
+    import warnings
+
+    import _torch_pjrt_autoload as autoload
+
+    assert autoload.mismatch("2.13.0+cpu", "2.13.1+cu130") is None  # one minor release: one ABI
+    message = autoload.mismatch("2.13.0+cpu", "2.14.1+cu130")
+    assert message and "built against torch 2.13.0+cpu" in message and "Rebuild" in message
+    assert autoload.build_mismatch() is None  # this checkout's build matches its torch
+    monkeypatch.setattr(autoload, "build_mismatch", lambda: message)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        autoload.autoload()  # under `import torch`: a warning, never an exception
+    assert any("the pjrt device is not registered" in str(w.message) for w in seen)
+
+
 def test_device_name_override():
     r = run_py("import torch; t = torch.ones(2, device='tpu'); print(t.device)", TORCH_PJRT_DEVICE_NAME="tpu")
     assert r.returncode == 0, r.stderr
