@@ -337,16 +337,37 @@ def _assemble(tensors: list[torch.Tensor | None], constants: list[Any]) -> tuple
     return tuple(t if c is None else c for t, c in zip(tensors, constants))
 
 
-def _graph_compiler(kind: str, stats: FunctionStats) -> Callable[[torch.fx.GraphModule, list[Any]], PjrtGraph]:
-    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> PjrtGraph:
-        return PjrtGraph(gm, kind, stats)
+def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
+    """AOTAutograd's compiler for one kind of graph; serializable, so that its graphs
+    join AOTAutograd's cache."""
+    from torch._functorch._aot_autograd.schemas import SerializableAOTDispatchCompiler
 
-    return compile_graph
+    from ._aot_cache import PjrtOutputCode
+
+    def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        code = PjrtOutputCode(PjrtGraph(gm, kind, stats), kind)
+        code._boxed_call = True  # on the instance: wrappers copy its __dict__
+        return code
+
+    return SerializableAOTDispatchCompiler(PjrtOutputCode, compile_graph)
+
+
+def _cache_tag() -> str:
+    """Part of AOTAutograd's cache key: an entry of another backend (aot_eager's, for the
+    same graph) or of another torch_pjrt build or plugin is never read as ours."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("torch_pjrt")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    return f"torch_pjrt-{version}-{_C._cache_identity()}"
 
 
 def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options: Any) -> Callable[..., Any]:
     """The Dynamo backend registered as "pjrt"."""
     from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch import config as functorch_config
 
     if options:
         raise TypeError(f"torch_pjrt: backend 'pjrt' takes no options, got {sorted(options)}")
@@ -359,7 +380,22 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options:
         inference_compiler=_graph_compiler("inference", stats),
         keep_inference_input_mutations=True,
     )
-    return backend(gm, example_inputs)
+    from torch._inductor import config as inductor_config
+
+    from ._aot_cache import CACHEABLE_FUNCTIONS, compiling
+
+    user_tag = torch.compiler.config.cache_key_tag
+    cacheable = {**inductor_config.unsafe_marked_cacheable_functions, **CACHEABLE_FUNCTIONS}
+    token = compiling.set(stats)
+    try:
+        # AOTAutograd's cache holds our graphs only "bundled" (the compiled object itself);
+        # the backward is saved at once, not at its first call outside this patch.
+        with functorch_config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
+                torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{_cache_tag()}"), \
+                inductor_config.patch(unsafe_marked_cacheable_functions=cacheable):
+            return backend(gm, example_inputs)
+    finally:
+        compiling.reset(token)
 
 
 def register() -> None:

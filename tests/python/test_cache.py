@@ -182,3 +182,56 @@ def test_a_killed_compilers_locks_are_taken_over(tmp_path):
     assert result["disk_cache_stale_locks"] == len(names) and result["compiles"] == len(names), result
     assert result["loss"] == alone["loss"]
     assert not glob.glob(str(shared / "*.lock"))
+
+
+WARM_CHILD = """
+import json, torch, torch_pjrt
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("pjrt")
+x = torch.randn(5, 8).to("pjrt")
+
+@torch.compile(backend="pjrt")
+def loss_fn(x):
+    with torch.autocast("pjrt", enabled=False):  # an autocast region, as models have
+        return model(x).logsumexp(-1).mean()
+
+loss = loss_fn(x)
+loss.backward()
+m = torch_pjrt.metrics()
+print(json.dumps({"loss": loss.item(), "grads": [p.grad.cpu().tolist() for p in model.parameters()],
+                  "hits": counters["aot_autograd"]["autograd_cache_hit"],
+                  "misses": counters["aot_autograd"]["autograd_cache_miss"],
+                  "bypasses": counters["aot_autograd"]["autograd_cache_bypass"], "compiles": m["compiles"]}))
+"""
+
+
+def _warm_child(cache: str, **env: str) -> dict:
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=os.path.join(cache, "pjrt"),
+               TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"), **env)
+    r = subprocess.run([PY, "-c", WARM_CHILD], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_process_reads_compiled_graphs_from_aotautograds_cache(tmp_path):
+    cache = str(tmp_path)
+    cold = _warm_child(cache)
+    assert cold["misses"] == 1 and cold["hits"] == 0 and cold["bypasses"] == 0 and cold["compiles"] > 0, cold
+    # Dynamo still traces; AOTAutograd's tracing and partitioning come from its cache (the
+    # forward and backward graph), XLA's programs from the disk tier: nothing compiled.
+    warm = _warm_child(cache)
+    assert warm["hits"] == 1 and warm["misses"] == 0 and warm["compiles"] == 0, warm
+    assert (warm["loss"], warm["grads"]) == (cold["loss"], cold["grads"])
+    # Another compile configuration (here an XLA option) is another key: never served.
+    other = _warm_child(cache, TORCH_PJRT_XLA_OPTIONS="xla_cpu_enable_fast_math=false")
+    assert other["hits"] == 0 and other["misses"] == 1, other
+    # Corrupted entries are a miss (recompiled), never a crash or a wrong graph.
+    entries = [os.path.join(d, f) for d, _, files in os.walk(os.path.join(cache, "inductor")) for f in files]
+    assert entries
+    for path in entries:
+        with open(path, "r+b") as f:
+            f.seek(0)
+            f.write(b"\x00garbage\x00" * 4)
+    again = _warm_child(cache)
+    assert again["hits"] == 0 and (again["loss"], again["grads"]) == (cold["loss"], cold["grads"]), again
