@@ -489,6 +489,17 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     Value mag = b.unary("abs", x);
     return b.select(either("isinf"), b.scalar_like(mag, INFINITY), mag);
   }
+  if (name == "log" || name == "log10" || name == "log2") {
+    // log |z| + i arg z, with |z| = inf when either part is, NaN or not (C99: log(inf + NaN i)
+    // is inf + NaN i; XLA's gives NaN there). log10 and log2 scale each part by the real
+    // log_b e (a complex product would turn the infinite part into NaNs; a product rather
+    // than a quotient by ln b rounds as numpy and torch's CPU do).
+    Value r = b.unary("log", x);
+    r = b.complex(b.select(either("isinf"), b.scalar_like(re, INFINITY), b.real(r)), b.imag(r));
+    if (name == "log") return r;
+    Value scale = b.scalar_like(re, name == "log10" ? M_LOG10E : M_LOG2E);
+    return b.complex(b.binary("multiply", b.real(r), scale), b.binary("multiply", b.imag(r), scale));
+  }
   if (name == "sinh" || name == "cosh") {
     // By parts: sinh(x + yi) = sinh x cos y + i cosh x sin y, cosh(x + yi) = cosh x cos y +
     // i sinh x sin y, in float64 for complex64 (e^x / 2 overflows float32 before the product

@@ -6,9 +6,11 @@ spec's), unexpected passes, and the share of non-skipped tests passing. Exits 1 
 any failure, error or unexpected pass: the spec lists every known failure.
 
 --jobs N runs each file's tests in N pytest processes side by side. --outcomes DIR keeps
-every outcome there, and --resume then runs only the tests without one, so a run of many
-hours (test_ops.py on 2 cores) can be continued; a process that dies is charged to the
-test it was running and the rest go on in a new one.
+every outcome there, and --resume then runs only the tests without one or whose outcome
+was a failure, an error or an unexpected pass, so a run of many hours (test_ops.py on 2
+cores) can be continued, and failures rerun after a fix; the report names the commits the
+outcomes come from. A process that dies is charged to the test it was running and the
+rest go on in a new one.
 
 --sample N runs a fixed, evenly spread sample of N tests per file plus every test
 the spec expects to fail (the CI slice); --sample F=N,... samples only the files named
@@ -186,7 +188,9 @@ def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outco
         if not resume:
             for part in parts:
                 os.unlink(part)
-        done = _read(parts) if resume else {}
+        # Resumed: what has no outcome yet, and what failed (after a fix, it runs again).
+        done = {t for t, r in _read(parts).items() if r["outcome"] not in ("failed", "error", "xpassed")} \
+            if resume else set()
         todo = [t for t in ids if t not in done]
         jobs = max(1, min(jobs, len(todo)))
         deadline = time.monotonic() + timeout
@@ -255,7 +259,7 @@ def main() -> None:
     parser.add_argument("--outcomes", help="keep each test's outcome in this directory (one JSON-lines file per "
                         "file and job) rather than in a temporary one")
     parser.add_argument("--resume", action="store_true", help="with --outcomes: run only the tests that have no "
-                        "outcome there yet (a long run continued later); the report counts them all")
+                        "outcome there yet or failed (a long run continued later); the report counts them all")
     parser.add_argument("--report", help="write a Markdown report here")
     args = parser.parse_args()
     names = args.files.split(",") if args.files else sorted(
