@@ -54,8 +54,9 @@ TORCH_PJRT_BUILD_DIR="$WORK/build-$tag" "$V1/bin/python" -m pip wheel -q --disab
   --no-build-isolation --no-deps "$ROOT" -w "$WORK/dist-$tag" 2>&1 | grep -vE "^WARNING: Location" || true
 WHEEL=$(ls "$WORK/dist-$tag"/torch_pjrt-*.whl)
 echo "packaging: $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1))"
-"$V1/bin/python" -m zipfile -l "$WHEEL" | grep -q "torch_pjrt/_build_info.json" \
-  || { echo "packaging: the wheel lacks _build_info.json" >&2; exit 1; }
+"$V1/bin/python" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist()
+assert 'torch_pjrt/_build_info.json' in names and any(n.startswith('torch_pjrt/_C') for n in names), names" "$WHEEL" \
+  || { echo "packaging: the wheel lacks the extension or _build_info.json" >&2; exit 1; }
 V2="$WORK/venv-$tag-wheel"
 new_venv "$V2" "$TORCH_SPEC"
 "$V2/bin/python" -m pip install -q --disable-pip-version-check "$WHEEL" 2>&1 | grep -v "^WARNING: Location" || true

@@ -132,9 +132,10 @@ def test_jobs_split_a_file_and_a_resumed_run_runs_only_what_is_left(tmp_path: Pa
         "    def test_skipped(self, device):", "    def test_new(self, device):\n        pass\n\n"
         "    def test_skipped(self, device):"))
     env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    # (A relative --outcomes path: relative to where the runner starts, not to pytest's directory.)
     proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), "--outcomes",
-                           str(tmp_path / "out"), "--resume", "--report", str(tmp_path / "report.md")],
-                          capture_output=True, text=True, env=env, timeout=600)
+                           "out", "--resume", "--report", str(tmp_path / "report.md")],
+                          capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "test_tiny.py: 2 passed, 0 failed, 0 errors, 1 skipped" in out, out
     assert "| test_tiny.py | all | 2 | 0 | 0 | 1 | 2 (1) |" in (tmp_path / "report.md").read_text()

@@ -182,7 +182,7 @@ def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outco
     all_ids = _collect(path, selection)
     ids = _sample(all_ids, sample, file) if sample else all_ids
     with tempfile.TemporaryDirectory() as scratch:
-        directory = outcomes_dir or scratch
+        directory = os.path.abspath(outcomes_dir or scratch)  # pytest runs in the upstream directory
         os.makedirs(directory, exist_ok=True)
         parts = sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(file)}.*.jsonl")))
         if not resume:
