@@ -426,6 +426,18 @@ Value signed_as(Builder& b, Value value, Value sign) {
   return b.select(unary_table().at("signbit")(b, sign), b.unary("negate", magnitude), magnitude);
 }
 
+// Complex atanh with C99's (Annex G) values where a part is infinite, as numpy and the
+// CPU: atanh(x +- inf i) and atanh(+-inf + y i) are +-0 +- pi/2 i (0 signed as x, pi/2 as
+// y), with a NaN imaginary part when y is NaN. CHLO's expansion gives NaNs there.
+Value complex_atanh(Builder& b, Value z) {
+  Value re = b.real(z), im = b.imag(z);
+  const auto& isinf = unary_table().at("isinf");
+  Value w = b.unary("chlo.atanh", z);
+  Value zero = signed_as(b, b.scalar_like(re, 0), re);
+  Value quarter_turn = b.select(b.compare(im, im, "NE"), im, signed_as(b, b.scalar_like(im, M_PI / 2), im));
+  return b.select(b.binary("or", isinf(b, re), isinf(b, im)), b.complex(zero, quarter_turn), w);
+}
+
 // Complex inputs: the ops whose real lowering does not carry over.
 std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x) {
   Value re = b.real(x), im = b.imag(x);
@@ -459,12 +471,15 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
   if (name == "atan") {
     // atan(z) = -i atanh(i z). Its parts have the signs of z's (atan is odd and commutes with
     // conj; on the cut, Re z = -0 names the side), and a NaN part makes both NaN, as on CPU.
-    Value w = b.unary("chlo.atanh", b.complex(b.unary("negate", im), re));
+    Value w = complex_atanh(b, b.complex(b.unary("negate", im), re));
     Value r = b.complex(signed_as(b, b.imag(w), re), signed_as(b, b.real(w), im));
+    // A NaN part with no infinite one: NaN + NaN i (with an infinite part, atanh's values).
     Value any_nan = b.binary("or", b.compare(re, re, "NE"), b.compare(im, im, "NE"));
+    Value any_inf = either("isinf");
     Value nan = b.scalar_like(re, NAN);
-    return b.select(any_nan, b.complex(nan, nan), r);
+    return b.select(b.binary("and", any_nan, b.unary("not", any_inf)), b.complex(nan, nan), r);
   }
+  if (name == "atanh") return complex_atanh(b, x);
   if (name == "sqrt" || name == "acosh" || name == "asinh") {
     // CHLO answers from one side of the branch cut whatever side a signed zero names: the
     // part that changes sign across the cut takes it from z (Im for sqrt and acosh, Re for asinh).
