@@ -822,20 +822,21 @@ Value igamma(Builder& b, Value a, Value x, bool upper) {
   Value r = upper ? b.binary("subtract", c(b, p, 1), p) : p;
   if (upper) r = b.select(use_series, b.binary("subtract", c(b, p, 1), p_series), q_cf);
   r = b.select(temme_region(b, a, x), temme_igamma(b, a, x, upper), r);
-  // Edges as torch defines them: x = 0 gives P = 0; x = inf gives P = 1; a or x negative, or NaN: NaN.
+  // Edges in torch's order of checks (its calc_igamma): a or x negative: NaN; a = 0: P = 1
+  // for x > 0, else NaN; x = 0: P = 0; a = inf: NaN for x = inf, else P = 0; x = inf: P = 1.
+  // A NaN fails every comparison, so igamma(nan, 0) = 0 and igamma(inf, nan) = 0 as on CPU;
+  // other NaN inputs give NaN. Applied from the last check to the first.
+  auto p_or_q = [&](double p) { return c(b, r, upper ? 1 - p : p); };
+  Value nan = c(b, r, NAN);
   Value zero_x = b.compare(x, c(b, x, 0), "EQ");
   Value inf_x = b.compare(x, c(b, x, INFINITY), "EQ");
-  r = b.select(zero_x, c(b, r, upper ? 1 : 0), r);
-  r = b.select(inf_x, c(b, r, upper ? 0 : 1), r);
-  Value bad = b.binary("or", b.binary("or", b.compare(a, c(b, a, 0), "LT"), b.compare(x, c(b, x, 0), "LT")),
-                       b.binary("or", b.compare(a, a, "NE"), b.compare(x, x, "NE")));
-  Value a_zero = b.compare(a, c(b, a, 0), "EQ");
-  r = b.select(b.binary("and", a_zero, b.unary("not", zero_x)), c(b, r, upper ? 0 : 1), r);
-  Value a_inf = b.binary("and", b.compare(a, c(b, a, INFINITY), "EQ"), b.unary("is_finite", x));
-  r = b.select(a_inf, c(b, r, upper ? 1 : 0), r);
-  r = b.select(b.binary("and", a_zero, zero_x), c(b, r, NAN), r);
-  r = b.select(b.binary("and", b.compare(a, c(b, a, INFINITY), "EQ"), inf_x), c(b, r, NAN), r);  // inf/inf
-  r = b.select(bad, c(b, r, NAN), r);
+  Value inf_a = b.compare(a, c(b, a, INFINITY), "EQ");
+  r = b.select(b.binary("or", b.compare(a, a, "NE"), b.compare(x, x, "NE")), nan, r);
+  r = b.select(inf_x, p_or_q(1), r);
+  r = b.select(inf_a, b.select(inf_x, nan, p_or_q(0)), r);
+  r = b.select(zero_x, p_or_q(0), r);
+  r = b.select(b.compare(a, c(b, a, 0), "EQ"), b.select(b.compare(x, c(b, x, 0), "GT"), p_or_q(1), nan), r);
+  r = b.select(b.binary("or", b.compare(a, c(b, a, 0), "LT"), b.compare(x, c(b, x, 0), "LT")), nan, r);
   return b.convert(r, out);
 }
 

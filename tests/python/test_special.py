@@ -317,3 +317,15 @@ def test_hypot_infinity_wins_over_nan(dev: torch.device) -> None:
     x = torch.tensor([inf, -inf, nan, nan, 0.0, inf, 3.0, 1e38, nan])
     y = torch.tensor([nan, nan, inf, -inf, 0.0, inf, 4.0, 1e38, 1.0])
     assert_close(torch.hypot(x.to(dev), y.to(dev)), torch.hypot(x, y))
+
+
+def test_igamma_edges_follow_torchs_order_of_checks():
+    # torch checks, in order: a or x negative (NaN), a = 0, x = 0, a = inf, x = inf; a NaN fails
+    # every comparison, so igamma(nan, 0) = 0 and igamma(inf, nan) = 0 on the CPU.
+    inf, nan = float("inf"), float("nan")
+    values = [-inf, -1.0, -0.0, 0.0, 0.5, 1.0, 3.0, 250.0, inf, nan]
+    a = torch.tensor([p for p in values for _ in values])
+    x = torch.tensor([q for _ in values for q in values])
+    for fn in (torch.igamma, torch.igammac):
+        got = fn(a.to("pjrt"), x.to("pjrt")).cpu()
+        torch.testing.assert_close(got, fn(a.double(), x.double()).float(), equal_nan=True, rtol=1e-5, atol=1e-6)
