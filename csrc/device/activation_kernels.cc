@@ -152,6 +152,8 @@ ACTIVATION_BACKWARD(hardshrink_backward, const at::Scalar& lambd, lambd, {
   return p.sel(shrink_band(p, p.in[1], lambd), p.c(0), p.in[0]);
 })
 ACTIVATION(softshrink, const at::Scalar& lambd, lambd, {
+  TORCH_CHECK(lambd.toDouble() >= 0, "softshrink: lambda must be in range [0, inf) for the input dtype, but found ",
+              lambd.toDouble());
   Value x = p.in[0], l = p.scalar(lambd);
   Value r = p.sel(p.cmp(x, l, "GT"), p.bin("subtract", x, l), p.sel(p.cmp(x, p.b.unary("negate", l), "LT"), p.bin("add", x, l), p.c(0)));
   return p.sel(p.cmp(x, x, "NE"), x, r);

@@ -32,12 +32,13 @@ at::Tensor& conj_physical_inplace(at::Tensor& self) {
 // complex(real, imag) and polar(abs, angle): float parts of one dtype, broadcast.
 at::Tensor& complex_parts_out(const char* name, const at::Tensor& a, const at::Tensor& b, bool polar,
                               at::Tensor& out) {
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(), name, ": expected both inputs of the same dtype, got ",
-              a.scalar_type(), " and ", b.scalar_type());
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), name, ": Expected object of scalar type ", a.scalar_type(),
+              " but got scalar type ", b.scalar_type(), " for second argument");
   TORCH_CHECK(a.scalar_type() == at::kFloat || a.scalar_type() == at::kDouble || a.scalar_type() == at::kHalf,
               name, ": expected float, double or half inputs, got ", a.scalar_type());
   at::ScalarType result = at::toComplexType(a.scalar_type() == at::kHalf ? at::kFloat : a.scalar_type());
-  TORCH_CHECK(out.scalar_type() == result, name, ": expected out of dtype ", result, ", got ", out.scalar_type());
+  TORCH_CHECK(out.scalar_type() == result, name, ": Expected object of scalar type ", result, " but got scalar type ",
+              out.scalar_type(), " for argument 'out'");
   OpBuilder op(std::string("aten::") + name);
   auto& bld = op.b();
   ir::DType part = ir::component_type(to_ir(result));

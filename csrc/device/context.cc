@@ -678,8 +678,8 @@ Value OpBuilder::input_raw(const at::Tensor& t) {
   std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
   if (!t.device().is_privateuseone()) {
     TORCH_CHECK(t.device().is_cpu(), device_name(), ": ", op_, ": cannot mix ", device_name(), " and ", t.device(), " tensors");
-    TORCH_CHECK(t.dim() == 0, device_name(), ": ", op_, ": expected all tensors on the ", device_name(), " device, but got a CPU tensor with shape ",
-                t.sizes(), " (move it with .to('", device_name(), "'))");
+    TORCH_CHECK(t.dim() == 0, device_name(), ": ", op_, ": Expected all tensors to be on the same device, but got a CPU tensor with shape ",
+                t.sizes(), " among ", device_name(), " tensors (move it with .to('", device_name(), "'))");
     if (ir::is_complex(T)) return scalar(t.item(), t.scalar_type());  // two real scalars
     at::Tensor c = t.contiguous();
     return scalar_param(T, c.data_ptr());

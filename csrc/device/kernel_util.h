@@ -2,6 +2,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 
 #include <vector>
@@ -47,23 +48,36 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
   return t;
 }
 
+// An out= tensor that overlaps itself or one of the op's inputs, refused as
+// ATen refuses it ("unsupported operation: ... refer to a single memory location").
+inline void check_out_overlap(const at::Tensor& out, std::initializer_list<at::Tensor> inputs) {
+  at::assert_no_internal_overlap(out);
+  for (const at::Tensor& input : inputs) {
+    if (input.defined()) at::assert_no_overlap(out, input);
+  }
+}
+
 // An out= variant's result: `result` (computed by the functional kernel)
 // resized into and written to `out`, refused as ATen refuses it when its
-// dtype cannot hold the result or it is on another device.
-inline at::Tensor& write_out(const char* op, const at::Tensor& result, at::Tensor& out) {
+// dtype cannot hold the result, it is on another device or it overlaps
+// itself or one of `inputs`.
+inline at::Tensor& write_out(const char* op, const at::Tensor& result, at::Tensor& out,
+                             std::initializer_list<at::Tensor> inputs = {}) {
   TORCH_CHECK(out.device() == result.device(), op, ": expected out on ", result.device(), ", got ", out.device());
   out_dtype(op, result.scalar_type(), out);
   at::native::resize_output(out, result.sizes());
+  check_out_overlap(out, inputs);
   out.copy_(result);
   return out;
 }
 
 // A tuple out= variant's results, each written to its out as write_out does.
 inline void write_outs(const char* op, std::initializer_list<at::Tensor> results,
-                       std::initializer_list<std::reference_wrapper<at::Tensor>> outs) {
+                       std::initializer_list<std::reference_wrapper<at::Tensor>> outs,
+                       std::initializer_list<at::Tensor> inputs = {}) {
   TORCH_CHECK(results.size() == outs.size(), op, ": ", results.size(), " results for ", outs.size(), " outs");
   auto result = results.begin();
-  for (at::Tensor& out : outs) write_out(op, *result++, out);
+  for (at::Tensor& out : outs) write_out(op, *result++, out, inputs);
 }
 
 // Integer/bool inputs produce the default float dtype (torch's "int to float" ops).

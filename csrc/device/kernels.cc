@@ -30,6 +30,9 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   }
   TORCH_CHECK(!(into == &self && self.is_complex() && std::strcmp(name, "abs") == 0),
               "In-place abs is not supported for complex tensors.");
+  TORCH_CHECK(!(self.scalar_type() == at::kBool && std::strcmp(name, "neg") == 0),
+              "neg: Negation, the `-` operator, on a bool tensor is not supported. If you are trying to invert a mask, "
+              "use the `~` or `logical_not()` operator instead.");
   if (into && !to_bool) {
     TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
@@ -152,9 +155,6 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   if (into) {
     TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
-    if (into->is_same(self) || !comparison) {
-      // In-place ops may not broadcast self.
-    }
   }
   Value x = op.input(self);
   Value y = op.input(other);
@@ -162,8 +162,12 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   try {
     shape = ir::broadcast_shapes(op.b().dims(x), op.b().dims(y));
   } catch (const std::invalid_argument&) {
-    TORCH_CHECK(false, device_name(), ": ", name, ": the size of tensor a (", self.sizes(), ") must match the size of tensor b (",
-                other.sizes(), ") at a non-singleton dimension");
+    try {
+      at::infer_size(self.sizes(), other.sizes());  // PyTorch's own message, which callers match
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, device_name(), ": ", name, ": ", e.what_without_backtrace());
+    }
+    throw;
   }
   if (into && into->is_same(self)) {
     TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", name, "_: output with shape ", self.sizes(),
@@ -435,6 +439,8 @@ at::Tensor& masked_fill_scalar(at::Tensor& self, const at::Tensor& mask, const a
   return masked_fill_impl(self, mask, at::scalar_tensor(value, at::TensorOptions().dtype(self.scalar_type())));
 }
 at::Tensor& masked_fill_tensor(at::Tensor& self, const at::Tensor& mask, const at::Tensor& value) {
+  // A complex value into a real tensor: ATen converts the value as a scalar, refusing a lost imaginary part.
+  if (value.is_complex() && !self.is_complex() && value.dim() == 0) return masked_fill_scalar(self, mask, value.item());
   return masked_fill_impl(self, mask, value);
 }
 
@@ -594,6 +600,9 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   // Size with torch's own rule (computed on the host, like every backend).
   double s = start.toDouble(), e = end.toDouble(), st = step.toDouble();
   TORCH_CHECK(st != 0, "step must be nonzero");
+  // ATen steps integer outputs by the step converted to the integer type: a fractional step below 1 would never move.
+  TORCH_CHECK_VALUE(!at::isIntegralType(out.scalar_type(), false) || static_cast<int64_t>(st) != 0, "arange: step must be nonzero in the output's dtype ",
+                    out.scalar_type(), ", got ", st);
   TORCH_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "upper bound and larger bound inconsistent with step sign");
   int64_t n;
   if (at::isIntegralType(out.scalar_type(), false) && start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false)) {
@@ -650,10 +659,17 @@ at::Tensor& tril_inplace(at::Tensor& s, int64_t d) {
 
 // ---------------------------------------------------------------- reductions
 
+// The dimensions a reduction reduces (empty: all), refused as ATen refuses them.
 std::vector<int64_t> reduce_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
+  TORCH_CHECK(self.dim() <= 64, "only tensors with up to 64 dims are supported, got ", self.dim());
   std::vector<int64_t> out;
   if (!dims || dims->empty()) return out;  // all
-  for (int64_t d : *dims) out.push_back(at::maybe_wrap_dim(d, std::max<int64_t>(self.dim(), 1)));
+  for (int64_t d : *dims) {
+    int64_t wrapped = at::maybe_wrap_dim(d, std::max<int64_t>(self.dim(), 1));
+    TORCH_CHECK(std::find(out.begin(), out.end(), wrapped) == out.end(), "dim ", wrapped,
+                " appears multiple times in the list of dims");
+    out.push_back(wrapped);
+  }
   if (self.dim() == 0) out.clear();
   return out;
 }
@@ -736,7 +752,7 @@ at::Tensor amax_impl(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim
   OpBuilder op(is_max ? "aten::amax" : "aten::amin");
   std::vector<int64_t> d = reduce_dims(self, dims);
   for (int64_t x : (d.empty() && self.dim() > 0 ? std::vector<int64_t>() : d)) {
-    TORCH_CHECK(self.size(x) != 0, "amax/amin: Expected reduction dim ", x, " to have non-zero size.");
+    TORCH_CHECK_INDEX(self.size(x) != 0, "amax/amin: Expected reduction dim ", x, " to have non-zero size.");
   }
   TORCH_CHECK(self.numel() > 0 || !d.empty(), "max(): Expected reduction dim to be specified for input.numel() == 0.");
   Value r = L::amax(op.b(), op.input(self), d, keepdim && self.dim() > 0, is_max);
@@ -744,11 +760,17 @@ at::Tensor amax_impl(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim
 }
 at::Tensor amax_fn(const at::Tensor& s, c10::IntArrayRef d, bool k) { return amax_impl(s, d, k, true, nullptr); }
 at::Tensor amin_fn(const at::Tensor& s, c10::IntArrayRef d, bool k) { return amax_impl(s, d, k, false, nullptr); }
+void check_amax_out(const at::Tensor& s, const at::Tensor& o) {
+  TORCH_CHECK(s.scalar_type() == o.scalar_type(), "Expected the dtype for input and out to match, but got ",
+              s.scalar_type(), " for input's dtype and ", o.scalar_type(), " for out's dtype.");
+}
 at::Tensor& amax_out(const at::Tensor& s, c10::IntArrayRef d, bool k, at::Tensor& o) {
+  check_amax_out(s, o);
   amax_impl(s, d, k, true, &o);
   return o;
 }
 at::Tensor& amin_out(const at::Tensor& s, c10::IntArrayRef d, bool k, at::Tensor& o) {
+  check_amax_out(s, o);
   amax_impl(s, d, k, false, &o);
   return o;
 }
@@ -1026,6 +1048,8 @@ at::Tensor& baddbmm_out(const at::Tensor& s, const at::Tensor& a, const at::Tens
 }
 
 at::Tensor dot_fn(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), "dot : expected both vectors to have same dtype, but found ",
+              a.scalar_type(), " and ", b.scalar_type());
   TORCH_CHECK(a.dim() == 1 && b.dim() == 1, "1D tensors expected, but got ", a.dim(), "D and ", b.dim(), "D tensors");
   TORCH_CHECK(a.size(0) == b.size(0), "inconsistent tensor size, expected tensor [", a.size(0),
               "] and src [", b.size(0), "] to have the same number of elements, but got ", a.size(0), " and ", b.size(0),
@@ -1080,6 +1104,9 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(ref->dim(), 1));
   OpBuilder op("aten::cat");
   std::vector<Value> vs;
+  for (size_t i = 0; i < ts.size(); ++i) {
+    TORCH_CHECK(ts[i].dim() > 0, "zero-dimensional tensor (at position ", i, ") cannot be concatenated");
+  }
   for (auto& t : ts) {
     if (t.dim() == 1 && t.numel() == 0 && ref->dim() != 1) continue;
     TORCH_CHECK(t.dim() == ref->dim(), "torch.cat(): Tensors must have same number of dimensions: got ", ref->dim(),
@@ -1095,6 +1122,8 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
 }
 at::Tensor cat_fn(const at::ITensorListRef& t, int64_t d) { return cat_impl(t, d, nullptr); }
 at::Tensor& cat_out(const at::ITensorListRef& t, int64_t d, at::Tensor& o) {
+  at::assert_no_internal_overlap(o);
+  for (const at::Tensor& input : t) at::assert_no_overlap(o, input);
   cat_impl(t, d, &o);
   return o;
 }
@@ -1121,6 +1150,7 @@ at::Tensor index_select_impl(const at::Tensor& self, int64_t dim, const at::Tens
 }
 at::Tensor index_select_fn(const at::Tensor& s, int64_t d, const at::Tensor& i) { return index_select_impl(s, d, i, nullptr); }
 at::Tensor& index_select_out(const at::Tensor& s, int64_t d, const at::Tensor& i, at::Tensor& o) {
+  check_out_overlap(o, {s, i});  // before resizing, as ATen checks it
   index_select_impl(s, d, i, &o);
   return o;
 }
@@ -1172,12 +1202,34 @@ at::Tensor gather_impl(const at::Tensor& self, int64_t dim, const at::Tensor& in
 }
 at::Tensor gather_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, bool) { return gather_impl(s, d, i, nullptr); }
 at::Tensor& gather_out(const at::Tensor& s, int64_t d, const at::Tensor& i, bool, at::Tensor& o) {
+  TORCH_CHECK(o.scalar_type() == s.scalar_type(), "gather(): Expected out tensor to have dtype ", s.dtype(),
+              ", but got ", o.dtype(), " instead");
+  at::native::resize_output(o, i.sizes());
+  check_out_overlap(o, {s, i});
   gather_impl(s, d, i, &o);
   return o;
 }
 
+// ATen's checks of scatter's arguments, in its order and wording (callers match it); `src`
+// is null for the value overloads.
+void check_scatter(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src) {
+  TORCH_CHECK(!src || self.scalar_type() == src->scalar_type(), name, "(): Expected self.dtype to be equal to src.dtype");
+  if (index.numel() == 0) return;
+  auto rank = [](const at::Tensor& t) { return std::max<int64_t>(t.dim(), 1); };
+  auto size = [](const at::Tensor& t, int64_t k) { return t.dim() == 0 ? int64_t{1} : t.size(k); };
+  TORCH_CHECK(rank(self) == rank(index), name, "(): Index tensor must have the same number of dimensions as self tensor");
+  TORCH_CHECK(!src || rank(*src) == rank(index), name, "(): Index tensor must have the same number of dimensions as src tensor");
+  int64_t d = at::maybe_wrap_dim(dim, rank(self));
+  for (int64_t k = 0; k < index.dim(); ++k) {
+    TORCH_CHECK((k == d || index.size(k) <= size(self, k)) && (!src || index.size(k) <= size(*src, k)), name,
+                "(): Expected index ", index.sizes(), " to be no larger than self ", self.sizes(), " apart from dimension ", d,
+                src ? " and to be no larger than src " : "", src ? src->sizes() : c10::IntArrayRef());
+  }
+}
+
 at::Tensor scatter_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
-                        const std::string& reduce, const at::Tensor* into) {
+                        const std::string& reduce, const at::Tensor* into, bool src_is_value = false) {
+  check_scatter(reduce == "add" ? "scatter_add" : "scatter", self, dim, index, src_is_value ? nullptr : &src);
   if (index.numel() == 0) {
     // Nothing to scatter (any index dtype, as on CPU): self unchanged.
     if (!into) return self.clone();
@@ -1204,10 +1256,10 @@ at::Tensor& scatter_src_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, c
   return s;
 }
 at::Tensor scatter_value(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
-  return scatter_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), "", nullptr);
+  return scatter_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), "", nullptr, true);
 }
 at::Tensor& scatter_value_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
-  scatter_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), "", &s);
+  scatter_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), "", &s, true);
   return s;
 }
 at::Tensor scatter_add_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& src) {
@@ -1436,17 +1488,27 @@ at::Tensor threshold_backward_fn(const at::Tensor& grad, const at::Tensor& self,
   return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
+// "none" or "tanh", as ATen accepts them.
+bool gelu_uses_tanh(c10::string_view approximate) {
+  TORCH_CHECK(approximate == "none" || approximate == "tanh",
+              "gelu: approximate argument must be either none or tanh, got '", approximate, "'");
+  return approximate == "tanh";
+}
+
 at::Tensor gelu_fn(const at::Tensor& self, c10::string_view approximate) {
+  gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu");
   Value r = L::gelu(op.b(), op.input(self), approximate == "tanh");  // read first: the layout follows the input
   return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
+  gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu_");
   finish(op, L::gelu(op.b(), op.input(self), approximate == "tanh"), self.scalar_type(), &self);
   return self;
 }
 at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
+  gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu_backward");
   Value r = L::gelu_backward(op.b(), op.input(grad), op.input(self), approximate == "tanh");
   return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
@@ -1482,8 +1544,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fn(const at::Tensor& i
                                                              const std::optional<at::Tensor>& weight,
                                                              const std::optional<at::Tensor>& bias, double eps) {
   int64_t k = static_cast<int64_t>(normalized_shape.size());
-  TORCH_CHECK(k >= 1 && input.dim() >= k, "layer_norm: normalized_shape must have at least one dimension");
-  TORCH_CHECK(input.sizes().slice(input.dim() - k).equals(normalized_shape),
+  TORCH_CHECK(k >= 1, "layer_norm: Expected normalized_shape to be at least 1-dimensional, i.e., containing at least one element, but got normalized_shape = ",
+              normalized_shape);
+  for (const auto& [param, name] : {std::pair{weight, "weight"}, std::pair{bias, "bias"}}) {
+    TORCH_CHECK(!param || !param->defined() || param->sizes().equals(normalized_shape), "layer_norm: Expected ", name,
+                " to be of same shape as normalized_shape, but got ", name, " of shape ", param->sizes(),
+                " and normalized_shape = ", normalized_shape);
+  }
+  TORCH_CHECK(input.dim() >= k && input.sizes().slice(input.dim() - k).equals(normalized_shape),
               "Given normalized_shape=", normalized_shape, ", expected input with shape [*, ",
               normalized_shape, "], but got input of size", input.sizes());
   OpBuilder op("aten::native_layer_norm");
@@ -2003,7 +2071,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("nonzero.out", nonzero_out);
   m.impl("masked_select", masked_select_fn);
   m.impl("masked_select.out", [](const at::Tensor& s, const at::Tensor& mask, at::Tensor& out) -> at::Tensor& {
-    return write_out("masked_select", masked_select_fn(s, mask), out);
+    return write_out("masked_select", masked_select_fn(s, mask), out, {s, mask});
   });
   m.impl("_index_put_impl_", index_put_impl);
 

@@ -233,12 +233,16 @@ Tensor& householder_product_out(const Tensor& input, const Tensor& tau, Tensor& 
 }
 
 // C multiplied by Q (or Q^H) from geqrf's reflectors, on the left or right (LAPACK ormqr).
+// Shapes first, then dtypes, as ATen checks them (callers match its wording).
 Tensor ormqr_k(const Tensor& reflectors, const Tensor& tau, const Tensor& other, bool left, bool transpose) {
-  check_matrix("torch.ormqr", reflectors, false);
+  TORCH_CHECK(reflectors.dim() >= 2, "torch.ormqr: input must have at least 2 dimensions.");
   TORCH_CHECK(other.dim() >= 2, "torch.ormqr: other must have at least 2 dimensions.");
-  int64_t m = left ? other.size(-2) : other.size(-1);
-  TORCH_CHECK(reflectors.size(-2) == m, "torch.ormqr: input.shape[-2] must be equal to other.shape[", left ? -2 : -1, "]");
-  TORCH_CHECK(tau.size(-1) <= reflectors.size(-1), "torch.ormqr: tau.shape[-1] must be less than or equal to input.shape[-1]");
+  int64_t side = left ? -2 : -1;
+  int64_t m = other.size(side);
+  TORCH_CHECK(tau.dim() >= 1 && tau.size(-1) <= std::min(m, reflectors.size(-1)), "torch.ormqr: tau.shape[-1] must be equal to min(other.shape[",
+              side, "], input.shape[-1])");
+  TORCH_CHECK(reflectors.size(-2) == m, "torch.ormqr: other.shape[", side, "] must be equal to input.shape[-2]");
+  check_matrix("torch.ormqr", reflectors, false);
   OpBuilder op("aten::ormqr");
   auto& b = op.b();
   Value refl = op.input(reflectors), t = op.input(tau);

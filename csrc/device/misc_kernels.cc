@@ -598,6 +598,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_fn(const at::Tensor& s, at::Optional
 }
 
 std::tuple<at::Tensor, at::Tensor> aminmax_fn(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  TORCH_CHECK(self.dim() <= 64, "aminmax(): only tensors with up to 64 dims are supported, got ", self.dim());
   TORCH_CHECK(self.numel() > 0 || dim, "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.");
   OpBuilder op("aten::aminmax");
   auto& b = op.b();
@@ -605,7 +606,7 @@ std::tuple<at::Tensor, at::Tensor> aminmax_fn(const at::Tensor& self, std::optio
   std::vector<int64_t> d;
   if (dim && self.dim() > 0) {
     d.push_back(at::maybe_wrap_dim(*dim, self.dim()));
-    TORCH_CHECK(self.size(d[0]) > 0, "aminmax(): Expected reduction dim ", d[0], " to have non-zero size.");
+    TORCH_CHECK_INDEX(self.size(d[0]) > 0, "aminmax(): Expected reduction dim ", d[0], " to have non-zero size.");
   }
   bool kd = keepdim && self.dim() > 0;
   Value lo = L::amax(b, x, d, kd, false), hi = L::amax(b, x, d, kd, true);
@@ -763,7 +764,7 @@ at::Tensor linalg_cross_fn(const at::Tensor& self, const at::Tensor& other, int6
   TORCH_CHECK(self.dim() == other.dim(), "linalg.cross: inputs must have the same number of dimensions.");
   auto shape = at::infer_size(self.sizes(), other.sizes());
   int64_t d = at::maybe_wrap_dim(dim, static_cast<int64_t>(shape.size()));
-  TORCH_CHECK(self.size(d) == 3 && other.size(d) == 3, "linalg.cross: inputs dimension ", d, " must have length 3. Got ",
+  TORCH_CHECK(self.size(d) == 3 && other.size(d) == 3, "linalg.cross: inputs dimension ", dim, " must have length 3. Got ",
               self.size(d), " and ", other.size(d));
   OpBuilder op("aten::linalg_cross");
   auto& b = op.b();
@@ -917,6 +918,7 @@ at::Tensor unfold_backward_fn(const at::Tensor& grad, c10::IntArrayRef input_siz
 
 at::Tensor renorm_impl(const at::Tensor& self, const at::Scalar& p, int64_t dim, const at::Scalar& maxnorm,
                        const at::Tensor* into) {
+  TORCH_CHECK(self.dim() > 1, "renorm: input needs at least 2 dimensions, got ", self.dim(), " dimensions");
   TORCH_CHECK(p.toDouble() > 0, "renorm: non-positive-norm not supported");
   TORCH_CHECK(maxnorm.toDouble() >= 0, "renorm: expected maxnorm to be >= 0 but got ", maxnorm.toDouble());
   TORCH_CHECK(at::isFloatingType(self.scalar_type()) || at::isComplexType(self.scalar_type()),
@@ -975,7 +977,8 @@ at::Tensor tril_indices_fn(int64_t r, int64_t c, int64_t o, std::optional<at::Sc
 }
 
 at::Tensor& eye_out(int64_t n, int64_t m, at::Tensor& out) {
-  TORCH_CHECK(n >= 0 && m >= 0, "eye: n and m must be greater or equal to 0, got ", n, " and ", m);
+  TORCH_CHECK(n >= 0, "eye: n must be greater or equal to 0, got ", n);
+  TORCH_CHECK(m >= 0, "eye: m must be greater or equal to 0, got ", m);
   at::native::resize_output(out, {n, m});
   OpBuilder op("aten::eye");
   op.set_device(out.device().index());
@@ -1142,6 +1145,8 @@ at::Tensor multinomial_fn(const at::Tensor& self, int64_t n, bool replacement, s
   int64_t categories = self.size(-1);
   TORCH_CHECK(n > 0, "cannot sample n_sample <= 0 samples");
   TORCH_CHECK(replacement || n <= categories, "cannot sample n_sample > prob_dist.size(-1) samples without replacement");
+  // As ATen: beyond 2^24 categories float32 cumulative sums cannot tell neighbours apart.
+  TORCH_CHECK(categories <= (int64_t{1} << 24), "number of categories cannot exceed 2^24");
   OpBuilder op("aten::multinomial");
   auto& b = op.b();
   Value p = b.convert(op.input(self), DType::F32);
@@ -1212,7 +1217,8 @@ at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& mi
 }
 at::Tensor& multinomial_out(const at::Tensor& self, int64_t n, bool replacement, std::optional<at::Generator> gen,
                             at::Tensor& out) {
-  return write_out("multinomial", multinomial_fn(self, n, replacement, std::move(gen)), out);
+  TORCH_CHECK(out.scalar_type() == at::kLong, "multinomial expects Long tensor out, got: ", out.scalar_type());
+  return write_out("multinomial", multinomial_fn(self, n, replacement, std::move(gen)), out, {self});
 }
 
 // ---------------------------------------------------------------- embedding_bag
@@ -1385,7 +1391,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("masked_scatter_", masked_scatter_inplace);
   m.impl("take", take_fn);
   m.impl("take.out", [](const at::Tensor& s, const at::Tensor& i, at::Tensor& out) -> at::Tensor& {
-    return write_out("take", take_fn(s, i), out);
+    return write_out("take", take_fn(s, i), out, {s, i});
   });
   m.impl("put", put_fn);
   m.impl("put_", put_inplace);
@@ -1415,8 +1421,12 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("var_mean.correction", var_mean_fn);
   m.impl("aminmax", aminmax_fn);
   m.impl("aminmax.out", [](const at::Tensor& s, std::optional<int64_t> d, bool k, at::Tensor& lo, at::Tensor& hi) {
+    for (const at::Tensor& out : {lo, hi}) {
+      TORCH_CHECK(out.scalar_type() == s.scalar_type(), "aminmax(): Expected out tensor to have dtype ", s.dtype(),
+                  ", but got ", out.dtype(), " instead");
+    }
     auto [mn, mx] = aminmax_fn(s, d, k);
-    write_outs("aminmax", {mn, mx}, {lo, hi});
+    write_outs("aminmax", {mn, mx}, {lo, hi}, {s});
     return std::tuple<at::Tensor&, at::Tensor&>(lo, hi);
   });
   m.impl("count_nonzero.dim_IntList", count_nonzero_fn);

@@ -48,14 +48,19 @@ L::ConvParams conv_params(size_t n, c10::IntArrayRef stride, c10::IntArrayRef pa
   return p;
 }
 
+// In ATen's order of checks, with its wording (callers match it).
 void check_conv(const at::Tensor& input, const at::Tensor& weight, bool transposed, int64_t groups) {
-  TORCH_CHECK(input.dim() >= 3 && input.dim() <= 5 && weight.dim() == input.dim(), "convolution: expected ",
-              weight.dim(), "D input with a batch dimension for ", weight.dim(), "D weight, but got input of size ",
-              input.sizes());
+  TORCH_CHECK(weight.dim() >= 3, "convolution: weight should have at least three dimensions, got ", weight.sizes());
+  TORCH_CHECK(weight.dim() == input.dim() && input.dim() <= 5, "convolution: Expected ", weight.dim(),
+              "-dimensional input for ", weight.dim(), "-dimensional weight ", weight.sizes(), ", but got ",
+              input.dim(), "-dimensional input of size ", input.sizes(), " instead");
+  TORCH_CHECK(transposed || weight.size(0) >= groups, "convolution: Given groups=", groups,
+              ", expected weight to be at least ", groups, " at dimension 0, but got weight of size ", weight.sizes(),
+              " instead");
   TORCH_CHECK(input.scalar_type() == weight.scalar_type(), "convolution: input type (", input.scalar_type(),
               ") and weight type (", weight.scalar_type(), ") should be the same");
   int64_t in_channels = transposed ? weight.size(0) : weight.size(1) * groups;
-  TORCH_CHECK(input.size(1) == in_channels, "convolution: given groups=", groups, ", weight of size ",
+  TORCH_CHECK(input.size(1) == in_channels, "convolution: Given groups=", groups, ", weight of size ",
               weight.sizes(), ", expected input", input.sizes(), " to have ", in_channels,
               " channels, but got ", input.size(1), " channels instead");
   TORCH_CHECK(weight.size(0) % (transposed ? groups : groups) == 0, "convolution: weight's first dimension ",
@@ -160,14 +165,25 @@ L::PoolParams pool_params(const char* op, size_t n, c10::IntArrayRef kernel, c10
   for (size_t i = 0; i < n; ++i) {
     TORCH_CHECK(p.kernel[i] > 0 && p.stride[i] > 0 && p.dilation[i] > 0, op,
                 ": kernel size, stride and dilation should be greater than zero");
-    TORCH_CHECK(p.padding[i] >= 0 && p.padding[i] <= p.kernel[i] / 2, op,
+    TORCH_CHECK(p.padding[i] >= 0, op, ": pad must be non-negative, but got pad: ", p.padding[i]);
+    TORCH_CHECK(p.padding[i] <= p.kernel[i] / 2, op,
                 ": pad should be at most half of effective kernel size, but got pad=", p.padding[i],
                 ", kernel_size=", p.kernel[i]);
   }
+  // Every dimension but the batch one must be non-empty (ATen's wording differs for 3-D pooling).
+  for (int64_t d = self.dim() - static_cast<int64_t>(n) - 1; d < self.dim(); ++d) {
+    if (n == 3) {
+      TORCH_CHECK(self.size(d) > 0, op, ": Expected input's non-batch dimensions to have positive length, but input has a shape of ",
+                  self.sizes(), " and non-batch dimension ", d, " has length zero!");
+    } else {
+      TORCH_CHECK(self.size(d) > 0, op, ": Expected ", n + 1, "D or ", n + 2,
+                  "D (batch mode) tensor with optional 0 dim batch size for input, but got: ", self.sizes());
+    }
+  }
   auto out = L::pool_output_size(spatial(self, n), p);
   for (int64_t o : out) {
-    TORCH_CHECK(o > 0, op, ": given input size ", self.sizes(), ", calculated output size ",
-                c10::IntArrayRef(out), " is too small");
+    TORCH_CHECK(o > 0, op, ": Given input size: ", self.sizes(), ". Calculated output size: ", c10::IntArrayRef(out),
+                ". Output size is too small");
   }
   return p;
 }
@@ -239,7 +255,7 @@ AVG_POOL_KERNELS(2)
 AVG_POOL_KERNELS(3)
 
 at::Tensor adaptive_avg_pool_fn(size_t n, const char* name, const at::Tensor& self, c10::IntArrayRef output_size) {
-  TORCH_CHECK(output_size.size() == n, name, ": output_size must be ", n);
+  TORCH_CHECK(output_size.size() == n, name, "(): internal error: output_size.size() must be ", n);
   TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
               ": expected ", n + 1, "D or ", n + 2, "D tensor, got ", self.sizes());
   for (int64_t i = 1; i < self.dim(); ++i) {
@@ -264,7 +280,7 @@ at::Tensor adaptive_avg_pool_backward_fn(const at::Tensor& grad, const at::Tenso
 
 std::tuple<at::Tensor, at::Tensor> adaptive_max_pool_fn(size_t n, const char* name, const at::Tensor& self,
                                                         c10::IntArrayRef output_size) {
-  TORCH_CHECK(output_size.size() == n, name, ": output_size must be ", n);
+  TORCH_CHECK(output_size.size() == n, name, "(): internal error: output_size.size() must be ", n);
   TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, name,
               ": expected ", n + 1, "D or ", n + 2, "D tensor, got ", self.sizes());
   for (int64_t i = 1; i < self.dim(); ++i) {
@@ -820,7 +836,7 @@ at::Tensor roll_fn(const at::Tensor& self, c10::IntArrayRef shifts, c10::IntArra
     x = b.reshape(roll_dim(flat, 0, shifts[0]), vec(self.sizes()));
   } else {
     for (size_t i = 0; i < dims.size(); ++i) {
-      x = roll_dim(x, at::maybe_wrap_dim(dims[i], self.dim()), shifts[i]);
+      x = roll_dim(x, at::maybe_wrap_dim(dims[i], self.dim(), /*wrap_scalar=*/false), shifts[i]);
     }
   }
   return finish(op, x, self.scalar_type(), nullptr);
@@ -1045,16 +1061,21 @@ at::Tensor nanmedian_all_fn(const at::Tensor& s) {
 // ---------------------------------------------------------------- losses
 
 void check_same_size(const char* name, const at::Tensor& a, const at::Tensor& b) {
-  TORCH_CHECK(a.sizes().equals(b.sizes()), name, ": target size (", b.sizes(), ") must be the same as input size (",
-              a.sizes(), ")");
+  if (a.sizes().equals(b.sizes())) return;
+  try {
+    at::infer_size(a.sizes(), b.sizes());  // PyTorch's broadcast message where the shapes do not broadcast
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, name, ": ", e.what_without_backtrace());
+  }
+  TORCH_CHECK(false, name, ": target size (", b.sizes(), ") must be the same as input size (", a.sizes(), ")");
 }
 
 // Smooth L1 (huber=false, scaled by 1/beta) and Huber (huber=true) losses.
 at::Tensor robust_loss_fn(const char* name, const at::Tensor& self, const at::Tensor& target, int64_t reduction,
                           double param, bool huber) {
   check_same_size(name, self, target);
-  TORCH_CHECK(param >= 0 && (!huber || param > 0), name, ": ", huber ? "delta" : "beta", " must be ",
-              huber ? "positive" : "non-negative", ", got ", param);
+  TORCH_CHECK(!huber || param > 0, "huber_loss does not support non-positive values for delta, got ", param);
+  TORCH_CHECK(param >= 0, name, ": beta must be non-negative, got ", param);
   OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   ir::DType dt = to_ir(self.scalar_type());
@@ -1188,8 +1209,24 @@ struct MarginTerms {
   Value onehot;   // i == y
   Value scale;    // w[y] / C broadcast to [N, C]
 };
+// multi_margin_loss's argument checks, in ATen's order and wording (callers match it).
+void check_multi_margin(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight) {
+  int64_t dims = self.dim();
+  TORCH_CHECK(dims == 0 || (dims <= 2 && self.size(-1) != 0), "multi_margin_loss: Expected non-empty vector or matrix with optional 0-dim batch size, but got: ",
+              self.sizes());
+  int64_t frames = dims <= 1 ? 1 : self.size(0), classes = dims == 0 ? 1 : self.size(-1);
+  TORCH_CHECK(target.dim() <= 1 && target.numel() == frames,
+              "multi_margin_loss: target tensor should be 1-D with size equal to the input's batch size. Expected target size [",
+              frames, "], but got ", target.sizes());
+  TORCH_CHECK(!weight || !weight->defined() || (weight->dim() <= 1 && weight->numel() == classes),
+              "multi_margin_loss: inconsistent weight size, expected ", classes, " but got ", weight->sizes());
+  TORCH_CHECK(target.scalar_type() == at::kLong, "multi_margin_loss: expected scalar type Long but found ",
+              target.scalar_type());
+}
+
 MarginTerms margin_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor& target, const at::Scalar& margin,
                          const std::optional<at::Tensor>& weight) {
+  check_multi_margin(self, target, weight);
   auto& b = op.b();
   ir::DType dt = L::accumulate_type(to_ir(self.scalar_type()));
   int64_t c = self.dim() == 0 ? 1 : self.size(-1), n = self.dim() == 2 ? self.size(0) : 1;
@@ -1212,8 +1249,6 @@ MarginTerms margin_terms(OpBuilder& op, const at::Tensor& self, const at::Tensor
 at::Tensor multi_margin_fn(const at::Tensor& self, const at::Tensor& target, const at::Scalar& p,
                            const at::Scalar& margin, const std::optional<at::Tensor>& weight, int64_t reduction) {
   TORCH_CHECK(p.toLong() == 1 || p.toLong() == 2, "multi_margin_loss: only p == 1 and p == 2 supported");
-  TORCH_CHECK(self.dim() <= 2 && self.numel() > 0, "multi_margin_loss: expected a non-empty scalar, vector or matrix, got ",
-              self.sizes());
   OpBuilder op("aten::multi_margin_loss");
   auto& b = op.b();
   auto t = margin_terms(op, self, target, margin, weight);
@@ -1825,7 +1860,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("kthvalue.values", [](const at::Tensor& s, int64_t k, int64_t d, bool keep, at::Tensor& values,
                                at::Tensor& indices) {
     auto [v, i] = kthvalue_fn(s, k, d, keep);
-    write_outs("kthvalue", {v, i}, {values, indices});
+    write_outs("kthvalue", {v, i}, {values, indices}, {s});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
   });
   m.impl("median", median_all_fn);

@@ -186,10 +186,11 @@ Tensor narrow_copy_fn(const Tensor& self, int64_t dim, int64_t start, int64_t le
   TORCH_CHECK(self.dim() > 0, "narrow() cannot be applied to a 0-dim tensor.");
   int64_t d = at::maybe_wrap_dim(dim, self.dim());
   int64_t size = self.size(d);
-  TORCH_CHECK(start >= -size && start <= size, "start out of range (expected to be in range of [", -size, ", ", size,
+  TORCH_CHECK_INDEX(start >= -size && start <= size, "start out of range (expected to be in range of [", -size, ", ", size,
               "], but got ", start, ")");
   if (start < 0) start += size;
-  TORCH_CHECK(length >= 0 && start <= size - length, "start (", start, ") + length (", length,
+  TORCH_CHECK(length >= 0, "narrow(): length must be non-negative.");
+  TORCH_CHECK(start <= size - length, "start (", start, ") + length (", length,
               ") exceeds dimension size (", size, ").");
   OpBuilder op("aten::narrow_copy");
   Value r = op.b().slice_dim(op.input(self), d, start, start + length);
@@ -348,8 +349,9 @@ Tensor samples_of(const Tensor& self, int64_t dims) { return self.reshape({-1, d
 std::vector<Tensor> histogramdd_edges(const char* name, const Tensor& self, at::IntArrayRef bins,
                                       std::optional<at::ArrayRef<double>> range) {
   int64_t dims = self.dim() == 0 ? 1 : self.size(-1);
-  TORCH_CHECK(static_cast<int64_t>(bins.size()) == dims, name, ": expected ", dims, " sequences of bin edges for a ",
-              dims, "-dimensional histogram but got ", bins.size());
+  TORCH_CHECK(static_cast<int64_t>(bins.size()) == dims, name,
+              ": The size of bins must be equal to the innermost dimension of the input. Got ", bins.size(), " bins for ",
+              dims, " dimensions");
   auto outer = outer_edges(name, samples_of(self, dims), range, dims);
   std::vector<Tensor> edges;
   for (int64_t d = 0; d < dims; ++d) {

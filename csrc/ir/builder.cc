@@ -225,7 +225,18 @@ Value Builder::slice(Value v, const std::vector<int64_t>& start, const std::vect
                     ", strides = " + i64_array(strides));
 }
 
+namespace {
+// A dimension an op works along, refused (not indexed past the end) when v has no such dimension.
+void check_axis(const char* op, const std::vector<int64_t>& shape, int64_t dim) {
+  if (dim < 0 || dim >= static_cast<int64_t>(shape.size())) {
+    throw std::invalid_argument(std::string(op) + ": dimension " + std::to_string(dim) + " out of range for rank " +
+                                std::to_string(shape.size()));
+  }
+}
+}  // namespace
+
 Value Builder::slice_dim(Value v, int64_t dim, int64_t start, int64_t limit, int64_t step) {
+  check_axis("slice", dims(v), dim);
   std::vector<int64_t> s(dims(v).size(), 0), l = dims(v), st(dims(v).size(), 1);
   s[dim] = start;
   l[dim] = limit;
@@ -250,8 +261,12 @@ Value Builder::dynamic_update_slice(Value v, Value update, const std::vector<Val
 Value Builder::concatenate(const std::vector<Value>& vs, int64_t dim) {
   if (vs.size() == 1) return vs[0];
   std::vector<int64_t> out = dims(vs[0]);
+  check_axis("concatenate", out, dim);
   out[dim] = 0;
-  for (Value v : vs) out[dim] += dims(v)[dim];
+  for (Value v : vs) {
+    if (dims(v).size() != dims(vs[0]).size()) throw std::invalid_argument("concatenate: operands of different ranks");
+    out[dim] += dims(v)[dim];
+  }
   return g_.add("stablehlo.concatenate", vs, Type{dtype(vs[0]), out},
                 "dimension = " + std::to_string(dim) + " : i64");
 }

@@ -37,7 +37,7 @@ def test_dtype_errors(dev):
 
 
 def test_mixing_devices_is_an_error(dev):
-    with pytest.raises(RuntimeError, match="expected all tensors on the pjrt device"):
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.ones(3, device=dev) + torch.ones(3)
 
 
@@ -210,6 +210,109 @@ def test_messages_match_torch_where_its_tests_match_them(dev):
             torch.mean(torch.ones(3, dtype=torch.long, device=device), dtype=torch.long)
 
 
+def _expanded(device: str) -> torch.Tensor:
+    return torch.zeros(1, device=device).expand(3)  # three elements, one memory location
+
+
+# Bad input that PyTorch's own tests feed (test_ops' test_errors), with the type and words they
+# expect: each case raises on the CPU too, so the table checks pjrt against PyTorch itself.
+BAD_INPUT = {
+    "roll of a 0-d tensor": (IndexError, "Dimension specified as 0",
+                             lambda d: torch.roll(torch.tensor(1.0, device=d), 0, 0)),
+    "arange with a step that truncates to 0": (ValueError, "step must be nonzero",
+                                               lambda d: torch.arange(0, 64, 0.5, out=torch.empty(0, dtype=torch.long, device=d))),
+    "gather out= that is the input": (RuntimeError, "unsupported operation",
+                                      lambda d: (lambda s: torch.gather(s, 0, torch.tensor([2, 1, 0], device=d), out=s[:3]))(torch.rand(6, device=d))),
+    "gather out= of another dtype": (RuntimeError, "Expected out tensor to have dtype float, but got double",
+                                     lambda d: torch.gather(torch.ones(2, 2, device=d), 1, torch.zeros(2, 2, dtype=torch.long, device=d),
+                                                            out=torch.empty(2, 2, dtype=torch.float64, device=d))),
+    "take out= overlapping itself": (RuntimeError, "unsupported operation",
+                                     lambda d: torch.take(torch.rand(6, device=d), torch.tensor([2, 1, 0], device=d), out=_expanded(d))),
+    "index_select out= overlapping itself": (RuntimeError, "unsupported operation",
+                                             lambda d: torch.index_select(torch.rand(3, 6, device=d), 1, torch.tensor([0, 1], device=d),
+                                                                          out=torch.rand(1, 6, device=d).expand(2, 6))),
+    "masked_select out= that is the input": (RuntimeError, "unsupported operation",
+                                             lambda d: (lambda y: torch.masked_select(y, y > 0.5, out=y))(torch.rand(6, device=d))),
+    "kthvalue values= that is the input": (RuntimeError, "unsupported operation",
+                                           lambda d: (lambda t: torch.kthvalue(t, 5, out=(t, torch.empty((), dtype=torch.long, device=d))))(torch.rand(10, device=d))),
+    "cat out= that is an input": (RuntimeError, "refer to a single memory location",
+                                  lambda d: (lambda y: torch.cat((y, y), out=y))(torch.rand(4, 6, device=d))),
+    "scatter of another dtype": (RuntimeError, "Expected self.dtype to be equal to src.dtype",
+                                 lambda d: torch.zeros(3, 5, dtype=torch.float64, device=d).scatter(
+                                     0, torch.tensor([[0, 1], [1, 2]], device=d), torch.ones(2, 5, device=d))),
+    "scatter_add with an index of another rank": (RuntimeError, "Index tensor must have the same number of dimensions as self tensor",
+                                                  lambda d: torch.zeros(3, 5, 3, device=d).scatter_add(
+                                                      0, torch.tensor([[0, 1], [1, 2]], device=d), torch.ones(2, 5, device=d))),
+    "scatter with a src of another rank": (RuntimeError, "Index tensor must have the same number of dimensions as src tensor",
+                                           lambda d: torch.zeros(3, 5, device=d).scatter(
+                                               0, torch.tensor([[0, 1], [1, 2]], device=d), torch.ones(2, 5, 2, device=d))),
+    "masked_fill of a long tensor with a complex tensor": (RuntimeError, "value cannot be converted to type .* without overflow",
+                                                           lambda d: torch.ones(2, dtype=torch.long, device=d).masked_fill(
+                                                               torch.tensor(True, device=d), torch.tensor(1j, device=d))),
+    "aminmax over 65 dimensions": (RuntimeError, "only tensors with up to 64 dims are supported",
+                                   lambda d: torch.aminmax(torch.ones([1] * 65, device=d), dim=-1)),
+    "aminmax over an empty dimension": (IndexError, "reduction",
+                                        lambda d: torch.aminmax(torch.ones(2, 0, 2, device=d), dim=1)),
+    "neg of bool": (RuntimeError, "Negation, the `-` operator, on a bool tensor is not supported",
+                    lambda d: -torch.ones(2, dtype=torch.bool, device=d)),
+    "gelu with an unknown approximation": (RuntimeError, "approximate argument must be either none or tanh",
+                                           lambda d: F.gelu(torch.ones(2, device=d), approximate="asdf")),
+    "softshrink with a negative lambda": (RuntimeError, r"lambda must be in range \[0,.*found -0\.5",
+                                          lambda d: F.softshrink(torch.ones(2, device=d), -0.5)),
+    "multinomial out= of floats": (RuntimeError, "multinomial expects Long tensor out",
+                                   lambda d: torch.multinomial(torch.ones(1, 2, dtype=torch.float64, device=d), 2,
+                                                               out=torch.empty(1, 2, dtype=torch.float64, device=d))),
+    "conv1d with a 2-d weight": (RuntimeError, "weight should have at least three dimensions",
+                                 lambda d: F.conv1d(torch.ones(1, 1, 4, device=d), torch.ones(1, 2, device=d))),
+    "conv2d with fewer filters than groups": (RuntimeError, "expected weight to be at least 3 at dimension 0",
+                                              lambda d: F.conv2d(torch.ones(2, 2, 4, 3, device=d), torch.ones(2, 2, 1, 3, device=d), groups=3)),
+    "max_pool2d with negative padding": (RuntimeError, "pad must be non-negative",
+                                         lambda d: F.max_pool2d(torch.ones(0, 1, 49, device=d), 2, 50, -1)),
+    "max_pool2d of an empty non-batch dimension": (RuntimeError, r"Expected 3D or 4D \(batch mode\) tensor with optional 0 dim batch size",
+                                                   lambda d: F.max_pool2d(torch.ones(2, 1, 10, 0, device=d), 1)),
+    "max_pool3d of an empty non-batch dimension": (RuntimeError, "Expected input's non-batch dimensions to have positive length",
+                                                   lambda d: F.max_pool3d(torch.ones(2, 1, 0, 1, 2, device=d), 1)),
+    "max_pool2d with a kernel larger than the input": (RuntimeError, "Output size is too small",
+                                                       lambda d: F.max_pool2d(torch.ones(1, 1, 4, device=d), 2)),
+    "layer_norm with an empty normalized_shape": (RuntimeError, "Expected normalized_shape to be at least 1-dimensional",
+                                                  lambda d: torch.native_layer_norm(torch.ones(2, device=d), [], None, None, 1e-5)),
+    "layer_norm with a weight of another shape": (RuntimeError, "Expected weight to be of same shape as normalized_shape",
+                                                  lambda d: torch.native_layer_norm(torch.ones(2, 3, device=d), [3], torch.ones(2, device=d), None, 1e-5)),
+    "multi_margin_loss with a 2-d target": (RuntimeError, r"Expected target size \[5\].*but got \[5, 4\]",
+                                            lambda d: F.multi_margin_loss(torch.ones(5, 4, device=d), torch.zeros(5, 4, dtype=torch.long, device=d))),
+    "multi_margin_loss with a float target": (RuntimeError, "expected scalar type Long but found Float",
+                                              lambda d: F.multi_margin_loss(torch.ones(5, 4, device=d), torch.zeros(5, device=d))),
+    "soft_margin_loss of shapes that do not broadcast": (RuntimeError, r"The size of tensor a \(4\) must match the size of tensor b \(5\)",
+                                                         lambda d: F.soft_margin_loss(torch.ones(5, 4, device=d), torch.ones(5, device=d))),
+    "sub of shapes that do not broadcast": (RuntimeError, r"The size of tensor a \(5\) must match the size of tensor b \(4\) at non-singleton dimension 1",
+                                            lambda d: torch.ones(3, 5, device=d) - torch.ones(3, 4, device=d)),
+    "dot of two dtypes": (RuntimeError, "dot : expected both vectors to have same dtype",
+                          lambda d: torch.dot(torch.ones(1, device=d), torch.ones(3, dtype=torch.float64, device=d))),
+    "narrow_copy from past the end": (IndexError, r"start out of range \(expected to be in range of \[-10, 10\], but got 11\)",
+                                      lambda d: torch.narrow_copy(torch.ones(10, device=d), 0, 11, 1)),
+    "eye with a negative m": (RuntimeError, "m must be greater or equal to 0, got -3",
+                              lambda d: torch.eye(0, -3, device=d)),
+    "histogramdd with too few bins": (RuntimeError, "histogramdd: The size of bins must be equal to the innermost dimension",
+                                      lambda d: torch.histogramdd(torch.ones(5, 6, device=d), [1, 1, 1, 1, 1])),
+    "ormqr with a tau too long": (RuntimeError, r"tau.shape\[-1\] must be equal to min\(other.shape\[-2\], input.shape\[-1\]\)",
+                                  lambda d: torch.ormqr(torch.ones(5, 0, device=d), torch.ones(5, device=d), torch.ones(5, 5, device=d))),
+    "complex of two dtypes": (RuntimeError, "Expected object of scalar type Float but got scalar type Double for second argument",
+                              lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d))),
+    "adaptive_max_pool2d with one output size": (RuntimeError, "internal error",
+                                                 lambda d: torch.ops.aten.adaptive_max_pool2d(torch.ones(1, 4, 4, device=d), [2])),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
+def test_bad_input_raises_as_pytorch_raises_it(case, dev):
+    error, message, call = BAD_INPUT[case]
+    for device in ("cpu", dev):
+        with pytest.raises(error, match=message):
+            out = call(device)
+            if isinstance(out, torch.Tensor):
+                out.cpu()  # a deferred error surfaces here (it must not: these are checked up front)
+
+
 def test_addmm_takes_complex_scalars(dev):
     a, b, s = (torch.randn(*shape, dtype=torch.complex64) for shape in ((3, 4), (4, 2), (3, 2)))
     for beta in (0.5 + 1j, 0j):
@@ -224,7 +327,6 @@ def test_out_that_cannot_hold_the_result_is_refused(dev):
     index = torch.zeros(3, 2, dtype=torch.long, device=dev)
     calls = {
         "addmm": lambda o: torch.addmm(torch.zeros(3, 3, device=dev), x, torch.randn(4, 3, device=dev), out=o),
-        "gather": lambda o: torch.gather(x, 1, index, out=o),
         "nan_to_num": lambda o: torch.nan_to_num(x, out=o),
         "cat": lambda o: torch.cat([x, x], out=o),
         "clamp": lambda o: torch.clamp(x, 0, 1, out=o),
