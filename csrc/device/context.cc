@@ -644,6 +644,11 @@ Value OpBuilder::element_offsets(const at::Tensor& t) {
   return builder_.reshape(idx, sizes);
 }
 
+bool OpBuilder::reads(const at::Tensor& t) const {
+  const StorageState* st = state_of(t);
+  return st && std::any_of(slots_.begin(), slots_.end(), [st](const StorageSlot& s) { return s.state == st; });
+}
+
 Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
   // The tensor's whole storage, as a flat array of the tensor's dtype.
   device_for(t);

@@ -158,6 +158,9 @@ class OpBuilder {
   // Records the op; in strict and debug modes it also runs.
   void run();
 
+  // Whether the op reads t's storage (an in-place or out= target that is also an input).
+  bool reads(const at::Tensor& t) const;
+
  private:
   struct StorageSlot {
     executor::Storage* state;

@@ -38,7 +38,12 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
     // As ATen refuses it: an out= (or in-place) tensor whose dtype cannot hold the result.
     out_dtype(op.name().c_str(), dtype, dst);
     auto shape = op.b().dims(v);
-    if (!dst.sizes().equals(shape)) at::native::resize_output(dst, shape);
+    if (!dst.sizes().equals(shape)) {
+      // A target the op also reads cannot grow under it: an in-place op whose inputs broadcast past self.
+      TORCH_CHECK(!op.reads(dst), op.name(), ": output with shape ", dst.sizes(), " doesn't match the broadcast shape ",
+                  c10::IntArrayRef(shape));
+      at::native::resize_output(dst, shape);
+    }
     op.write(dst, v);
     op.run();
     return dst;

@@ -1249,7 +1249,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> embedding_bag_fn(
   TORCH_CHECK(indices.dim() == 1 && offsets.dim() == 1, "embedding_bag: expected 1-D indices and offsets, got ",
               indices.sizes(), " and ", offsets.sizes());
   TORCH_CHECK(mode >= 0 && mode <= 2, "embedding_bag: mode must be sum (0), mean (1) or max (2), got ", mode);
-  TORCH_CHECK(!sparse, device_name(), ": embedding_bag with sparse=True gradients is not supported");
+  // sparse=True changes only the gradient's layout: the forward runs, its backward refuses (below).
   bool has_psw = per_sample_weights && per_sample_weights->defined();
   TORCH_CHECK(!has_psw || mode == 0, "embedding_bag: per_sample_weights is only supported for mode='sum' (got mode=", mode, ")");
   int64_t bags = offsets.size(0) - (include_last_offset ? 1 : 0);

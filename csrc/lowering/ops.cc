@@ -198,8 +198,27 @@ const std::map<std::string, UnaryFn>& unary_table() {
       return b.binary("multiply", b.unary("chlo.erf_inv", two_p_minus_1), b.scalar_like(x, M_SQRT2));
     };
     t["special_log_ndtr"] = [](Builder& b, Value x) {
-      Value e = b.unary("chlo.erfc", b.binary("multiply", x, b.scalar_like(x, -M_SQRT1_2)));
-      return b.unary("log", b.binary("multiply", e, b.scalar_like(x, 0.5)));
+      // log(Phi(x)) in three ranges, each without underflow or cancellation:
+      //   x > 0:    log1p(-Phi(-x)), so that a Phi close to 1 keeps its tiny logarithm;
+      //   x < -T:   the asymptotic series of Mills' ratio (erfc underflows there);
+      //   between:  log(erfc(-x / sqrt 2) / 2).
+      // T is where 10 terms of the series are exact to the dtype's precision.
+      double tail = b.dtype(x) == ir::DType::F64 ? -20.0 : -10.0;
+      auto c = [&](double v) { return b.scalar_like(x, v); };
+      Value upper = b.unary("log_plus_one", b.binary("multiply", b.unary("chlo.erfc", b.binary("multiply", x, c(M_SQRT1_2))), c(-0.5)));
+      Value middle = b.unary("log", b.binary("multiply", b.unary("chlo.erfc", b.binary("multiply", x, c(-M_SQRT1_2))), c(0.5)));
+      Value xs = b.select(b.compare(x, c(tail), "LT"), x, c(tail));  // keeps the unused branch finite
+      Value inv_x2 = b.binary("divide", c(1), b.binary("multiply", xs, xs));
+      Value series = c(0), term = c(1);
+      for (int k = 1; k <= 10; ++k) {
+        term = b.binary("multiply", term, b.binary("multiply", inv_x2, c(-(2.0 * k - 1))));
+        series = b.binary("add", series, term);
+      }
+      Value lower = b.binary("subtract", b.binary("multiply", b.binary("multiply", xs, xs), c(-0.5)),
+                             b.binary("add", b.unary("log", b.unary("negate", xs)), c(0.5 * std::log(2 * M_PI))));
+      lower = b.binary("add", lower, b.unary("log_plus_one", series));
+      Value r = b.select(b.compare(x, c(0), "GT"), upper, middle);
+      return b.select(b.compare(x, c(tail), "LT"), lower, r);
     };
     t["special_entr"] = [](Builder& b, Value x) {
       Value zero = b.scalar_like(x, 0);

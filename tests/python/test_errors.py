@@ -298,6 +298,8 @@ BAD_INPUT = {
                                   lambda d: torch.ormqr(torch.ones(5, 0, device=d), torch.ones(5, device=d), torch.ones(5, 5, device=d))),
     "complex of two dtypes": (RuntimeError, "Expected object of scalar type Float but got scalar type Double for second argument",
                               lambda d: torch.complex(torch.ones(2, device=d), torch.ones(2, dtype=torch.float64, device=d))),
+    "in-place igamma_ whose argument broadcasts past self": (RuntimeError, "doesn't match the broadcast shape",
+                                                             lambda d: torch.rand(3, 1, device=d).igamma_(torch.rand(3, 4, device=d))),
     "adaptive_max_pool2d with one output size": (RuntimeError, "internal error",
                                                  lambda d: torch.ops.aten.adaptive_max_pool2d(torch.ones(1, 4, 4, device=d), [2])),
 }

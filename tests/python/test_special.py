@@ -329,3 +329,23 @@ def test_igamma_edges_follow_torchs_order_of_checks():
     for fn in (torch.igamma, torch.igammac):
         got = fn(a.to("pjrt"), x.to("pjrt")).cpu()
         torch.testing.assert_close(got, fn(a.double(), x.double()).float(), equal_nan=True, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_log_ndtr_keeps_both_tails(dev: torch.device, dtype: torch.dtype) -> None:
+    # Far left, Phi underflows but its logarithm is about -x^2/2; far right, Phi rounds to 1
+    # but its logarithm is a tiny negative number. A float64 reference bounds the error, by the
+    # CPU's own float32 distance to it and by the device's erfc (which log_ndtr is built on).
+    x = torch.cat([-torch.logspace(-2, 4, 60, dtype=torch.float64), torch.logspace(-2, 1.5, 40, dtype=torch.float64),
+                   torch.tensor([0.0, float("inf"), float("-inf"), float("nan")], dtype=torch.float64)])
+    ref = torch.special.log_ndtr(x)
+    cpu = torch.special.log_ndtr(x.to(dtype)).double()
+    got = torch.special.log_ndtr(x.to(dtype).to(dev)).cpu().double()
+    finite = ref.isfinite() & (ref != 0)
+    cpu_err = ((cpu - ref) / ref)[finite].abs().max().item()
+    z = (x[finite].abs() / 2**0.5).to(dtype)
+    erfc_ref = torch.erfc(z.double())
+    erfc_err = ((torch.erfc(z.to(dev)).cpu().double() - erfc_ref) / erfc_ref)[erfc_ref > 0].abs().max().item()
+    eps = torch.finfo(dtype).eps
+    assert ((got - ref) / ref)[finite].abs().max().item() <= max(4 * cpu_err, 8 * eps, 2 * erfc_err)
+    assert torch.equal(got[~finite].nan_to_num(1.0), ref[~finite].nan_to_num(1.0))
