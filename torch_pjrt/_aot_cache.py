@@ -51,9 +51,10 @@ class PjrtOutputCode(OutputCode):
 
         assert self.graph is not None
         gm = self.graph.gm
-        for node in gm.graph.nodes:  # tracing metadata: not needed to run, not always picklable
-            for key in ("nn_module_stack", "source_fn_stack", "example_value"):
-                node.meta.pop(key, None)
+        # Tracing metadata (fake tensors, stacks): not needed to run the graph, slow to
+        # unpickle (a fake tensor per node) and not always picklable.
+        for node in gm.graph.nodes:
+            node.meta = {}
         self._serialized_gm = GraphPickler.dumps(gm, Options(ops_filter=None))
         self.graph = None
 

@@ -46,7 +46,11 @@ def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
             if "capturable" in group:
                 group["capturable"] = True
     forward = torch.compile(loss, backend=backend, dynamic=False) if backend else loss
-    update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
+    # Dynamo's precompile cache (TORCH_CACHING_PRECOMPILE=1) cannot package an optimizer step
+    # (its parameters are static addresses) and torch 2.13 fails the compile if asked to:
+    # the step is traced in every process, the loss comes from the cache.
+    with torch._dynamo.config.patch(caching_precompile=False):
+        update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
