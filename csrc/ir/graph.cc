@@ -1,9 +1,12 @@
 #include "ir/graph.h"
+#include "ir/functions.h"
 
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace torch_pjrt::ir {
 
@@ -203,6 +206,44 @@ const Type& Graph::type(Value v) const {
   return nodes_[v.node].results[v.index];
 }
 
+namespace {
+std::mutex& functions_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::unordered_map<std::string, std::string>& functions() {
+  static std::unordered_map<std::string, std::string> f;
+  return f;
+}
+}  // namespace
+
+void define_function(const std::string& name, const std::string& text) {
+  std::lock_guard<std::mutex> lock(functions_mutex());
+  auto [it, inserted] = functions().emplace(name, text);
+  if (!inserted && it->second != text) {
+    throw std::invalid_argument("ir: function @" + name + " is already defined with another body");
+  }
+}
+
+bool function_defined(const std::string& name) {
+  std::lock_guard<std::mutex> lock(functions_mutex());
+  return functions().count(name) > 0;
+}
+
+std::string function_definitions(const std::vector<std::string>& callees) {
+  std::lock_guard<std::mutex> lock(functions_mutex());
+  std::string out;
+  std::unordered_set<std::string> seen;
+  for (const std::string& name : callees) {
+    if (!seen.insert(name).second) continue;
+    auto it = functions().find(name);
+    if (it == functions().end()) throw std::invalid_argument("ir: call of undefined function @" + name);
+    out += it->second;
+    out += "\n";
+  }
+  return out;
+}
+
 // Prints graphs with names unique across nested regions (MLIR forbids shadowing).
 class Printer {
  public:
@@ -221,13 +262,22 @@ class Printer {
     os << ") {\n";
     body(g, names, os, "    ");
     os << "    \"func.return\"(" << refs(g, names, g.outputs_) << ") : (" << types(g, g.outputs_)
-       << ") -> ()\n  }\n}\n";
+       << ") -> ()\n  }\n";
+    if (!callees_.empty()) os << function_definitions(callees_);
+    os << "}\n";
     return os.str();
   }
 
  private:
   int counter_ = 0;
+  std::vector<std::string> callees_;  // of the func.call nodes printed, in order
 
+  // "callee = @name" -> "name".
+  static std::string callee(const std::string& attrs) {
+    auto at = attrs.find('@');
+    auto end = attrs.find_first_of(" ,}", at);
+    return attrs.substr(at + 1, end == std::string::npos ? std::string::npos : end - at - 1);
+  }
   static std::string ref(const Graph& g, const std::vector<std::string>& names, Value v) {
     if (g.nodes_[v.node].results.size() == 1) return names[v.node];
     return names[v.node] + "#" + std::to_string(v.index);
@@ -249,6 +299,7 @@ class Printer {
     for (size_t id = 0; id < g.nodes_.size(); ++id) {
       const Node& n = g.nodes_[id];
       if (n.op == "arg") continue;
+      if (n.op == "func.call") callees_.push_back(callee(n.attrs));
       names[id] = "%v" + std::to_string(counter_++);
       os << indent << names[id];
       if (n.results.size() > 1) os << ":" << n.results.size();

@@ -11,6 +11,7 @@
 #include "device/compiled.h"
 #include "device/context.h"
 #include "device/fallback.h"
+#include "device/user_kernels.h"
 #include "distributed/process_group.h"
 
 #include <unordered_map>
@@ -160,6 +161,9 @@ PYBIND11_MODULE(_C, mod) {
     policy.wait_seconds = cache_wait_seconds;
     device::configure_runtime(plugin_path, cpu_device_count, cache_dir, missing_message, overrides, policy);
   });
+  mod.def("_define_kernel", &device::define_user_kernel, py::arg("name"), py::arg("definitions"));
+  mod.def("_call_kernel", &device::call_user_kernel, py::arg("op_name"), py::arg("name"), py::arg("inputs"),
+          py::arg("like"));
   mod.def("_compile_options", [] { return py::bytes(device::rt().client().compile_options()); });
   mod.def("_cache_identity", [] { return device::rt().identity(); });
   mod.def("_init", [] {

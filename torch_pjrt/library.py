@@ -1,0 +1,353 @@
+"""User kernels written in JAX (Pallas included) or given as StableHLO, as PyTorch operators.
+
+``jax_op("mylib::rms_norm")`` on a JAX function registers a real ``torch.library`` operator:
+
+- on pjrt tensors, the function's StableHLO (exported by JAX for the inputs' shapes and
+  dtypes) becomes one op of the device graph: it runs inside fused graphs and compiled
+  programs (no graph break, no call out), and alone in strict mode;
+- on CPU tensors, JAX runs it on the host (the reference to check the device against);
+- a fake implementation from ``jax.eval_shape``, so Dynamo traces through it;
+- autograd from JAX's own VJP, itself a second operator (``<op>_vjp``) run the same way.
+
+Each distinct input signature (shapes, dtypes, static arguments) is exported once per
+process and named by a hash of its StableHLO, so the device's program caches (memory and
+disk) key on the kernel's code. ``stablehlo_op`` takes StableHLO text directly.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from . import _C
+
+_STATIC_TYPES = {float: "float", int: "int", bool: "bool", str: "str"}
+
+
+@dataclass(frozen=True)
+class _Exported:
+    symbol: str  # the entry function's name in the device graph
+    outputs: tuple[tuple[tuple[int, ...], torch.dtype], ...]
+
+
+def _jax() -> Any:
+    try:
+        import jax
+    except ImportError as e:  # pragma: no cover - the test requirements pin JAX
+        raise ImportError("torch_pjrt.library: JAX kernels need JAX (pip install jax)") from e
+    return jax
+
+
+def _jax_dtype(dtype: torch.dtype) -> Any:
+    import jax.numpy as jnp
+
+    table = {torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
+             torch.bfloat16: jnp.bfloat16, torch.int32: jnp.int32, torch.int64: jnp.int64, torch.int8: jnp.int8,
+             torch.uint8: jnp.uint8, torch.int16: jnp.int16, torch.bool: jnp.bool_,
+             torch.complex64: jnp.complex64, torch.complex128: jnp.complex128}
+    if dtype not in table:
+        raise TypeError(f"no JAX dtype for {dtype}")
+    return table[dtype]
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    import numpy as np
+
+    name = np.dtype(dtype).name
+    table = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+             "int32": torch.int32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8,
+             "int16": torch.int16, "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128}
+    if name not in table:
+        raise TypeError(f"no torch dtype for JAX's {name}")
+    return table[name]
+
+
+def _x64() -> Any:
+    """JAX in 64-bit mode for the duration (float64 and int64 kernels keep their types)."""
+    return _jax().enable_x64(True)
+
+
+def _private_functions(module: Any, prefix: str) -> tuple[str, str]:
+    """The module's functions renamed under `prefix` and made private, printed in MLIR's
+    generic form (what any StableHLO consumer parses, whatever its version's pretty
+    syntax), without locations. Returns (entry symbol, text)."""
+    from jax._src.lib.mlir import ir
+
+    with module.context:
+        ops = list(module.body.operations)
+        for op in ops:
+            old = ir.StringAttr(op.attributes["sym_name"]).value
+            ir.SymbolTable.replace_all_symbol_uses(old, f"{prefix}_{old}", module.operation)
+            ir.SymbolTable.set_symbol_name(op, f"{prefix}_{old}")
+            op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        text = "\n".join(op.get_asm(print_generic_op_form=True, enable_debug_info=False) for op in ops)
+    return f"{prefix}_main", text
+
+
+class _Kernel:
+    """One JAX function as an operator: its exports per signature and its host run."""
+
+    def __init__(self, qualname: str, fn: Callable[..., Any], tensor_args: list[str], static_args: list[str]) -> None:
+        self.qualname = qualname
+        self.fn = fn
+        self.tensor_args = tensor_args
+        self.static_args = static_args
+        self._exports: dict[Any, _Exported] = {}
+        self._lock = threading.Lock()
+
+    def _bound(self, statics: Sequence[Any]) -> Callable[..., Any]:
+        return functools.partial(self.fn, **dict(zip(self.static_args, statics)))
+
+    def _specs(self, tensors: Sequence[torch.Tensor]) -> list[Any]:
+        jax = _jax()
+        specs = []
+        for name, t in zip(self.tensor_args, tensors):
+            try:
+                specs.append(jax.ShapeDtypeStruct(tuple(t.shape), _jax_dtype(t.dtype)))
+            except TypeError as e:
+                raise TypeError(f"{self.qualname}: argument {name!r}: {e}") from None
+        return specs
+
+    def _outputs(self, result: Any) -> tuple[tuple[tuple[int, ...], torch.dtype], ...]:
+        leaves = result if isinstance(result, (tuple, list)) else (result,)
+        return tuple((tuple(int(d) for d in leaf.shape), _torch_dtype(leaf.dtype)) for leaf in leaves)
+
+    def export(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any]) -> _Exported:
+        key = (tuple((tuple(t.shape), t.dtype) for t in tensors), tuple(statics))
+        with self._lock:
+            found = self._exports.get(key)
+            if found is not None:
+                return found
+            jax = _jax()
+            specs = self._specs(tensors)
+            try:
+                with _x64():
+                    lowered = jax.jit(self._bound(statics)).lower(*specs)
+                    outputs = self._outputs(lowered.out_info)
+                    module = lowered.compiler_ir("stablehlo")
+            except Exception as e:
+                shapes = ", ".join(f"{n}: {tuple(t.shape)} {t.dtype}" for n, t in zip(self.tensor_args, tensors))
+                raise RuntimeError(f"{self.qualname}: JAX could not export the function for ({shapes}): "
+                                   f"{type(e).__name__}: {e}") from e
+            digest = hashlib.sha256(module.operation.get_asm(print_generic_op_form=True,
+                                                             enable_debug_info=False).encode()).hexdigest()[:16]
+            prefix = "k_" + self.qualname.replace("::", "_").replace(".", "_") + "_" + digest
+            symbol, text = _private_functions(module, prefix)
+            _C._define_kernel(symbol, text)
+            found = _Exported(symbol, outputs)
+            self._exports[key] = found
+            return found
+
+    def like(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any], device: torch.device) -> list[torch.Tensor]:
+        """Empty results of the right shapes and dtypes on `device` (fake ones under fake mode)."""
+        jax = _jax()
+        with _x64():
+            try:
+                result = jax.eval_shape(self._bound(statics), *self._specs(tensors))
+            except Exception as e:
+                raise RuntimeError(f"{self.qualname}: JAX could not trace the function: {type(e).__name__}: {e}") from e
+        return [torch.empty(shape, dtype=dtype, device=device) for shape, dtype in self._outputs(result)]
+
+    def run_pjrt(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any]) -> list[torch.Tensor]:
+        exported = self.export(tensors, statics)
+        like = [torch.empty(shape, dtype=dtype, device="meta") for shape, dtype in exported.outputs]
+        return list(_C._call_kernel(self.qualname, exported.symbol, list(tensors), like))
+
+    def run_host(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any]) -> list[torch.Tensor]:
+        jax = _jax()
+        with _x64():
+            arrays = [jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors]
+            try:
+                result = jax.jit(self._bound(statics))(*arrays)
+            except Exception as e:
+                raise RuntimeError(f"{self.qualname}: JAX failed on the host: {type(e).__name__}: {e}") from e
+        leaves = result if isinstance(result, (tuple, list)) else (result,)
+        return [torch.from_dlpack(leaf).clone() for leaf in leaves]
+
+
+def _signature(fn: Callable[..., Any], qualname: str) -> tuple[list[str], list[str], list[str]]:
+    """(tensor names, static names, schema arguments): parameters without a default are
+    tensors; those with a default of float, int, bool or str are static (part of the key)."""
+    tensors, statics, schema = [], [], []
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+            raise TypeError(f"{qualname}: *args and **kwargs cannot be an operator's arguments")
+        if p.default is p.empty:
+            if statics:
+                raise TypeError(f"{qualname}: tensor argument {p.name!r} follows a static one")
+            tensors.append(p.name)
+            schema.append(f"Tensor {p.name}")
+        else:
+            kind = _STATIC_TYPES.get(type(p.default))
+            if kind is None:
+                raise TypeError(f"{qualname}: static argument {p.name!r} needs a float, int, bool or str default")
+            statics.append(p.name)
+            schema.append(f"{kind} {p.name}={p.default!r}".replace("'", '"'))
+    return tensors, statics, schema
+
+
+_LIBRARIES: dict[str, torch.library.Library] = {}
+
+
+def _library(namespace: str) -> torch.library.Library:
+    if namespace not in _LIBRARIES:
+        _LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
+    return _LIBRARIES[namespace]
+
+
+def _register(qualname: str, kernel: _Kernel, schema_args: list[str], outputs: int) -> Any:
+    namespace, _, name = qualname.partition("::")
+    if not namespace or not name:
+        raise ValueError(f"torch_pjrt.library: an operator's name is 'namespace::name', got {qualname!r}")
+    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+    lib = _library(namespace)
+    lib.define(f"{name}({', '.join(schema_args)}) -> {returns}")
+    n = len(kernel.tensor_args)
+
+    def split(args: tuple[Any, ...]) -> tuple[list[torch.Tensor], list[Any]]:
+        tensors, statics = list(args[:n]), list(args[n:])
+        for arg, t in zip(kernel.tensor_args, tensors):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{qualname}: argument {arg!r} must be a tensor, got {type(t).__name__}")
+        devices = {t.device for t in tensors}
+        if len(devices) > 1:
+            raise RuntimeError(f"{qualname}: expected all tensors on one device, got {sorted(map(str, devices))}")
+        return tensors, statics
+
+    def result(outs: list[torch.Tensor]) -> Any:
+        if len(outs) != outputs:
+            raise RuntimeError(f"{qualname}: the function returned {len(outs)} results, the operator declares {outputs}")
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def on_pjrt(*args: Any) -> Any:
+        return result(kernel.run_pjrt(*split(args)))
+
+    def on_host(*args: Any) -> Any:
+        return result(kernel.run_host(*split(args)))
+
+    def fake(*args: Any) -> Any:
+        tensors, statics = split(args)
+        return result(kernel.like(tensors, statics, tensors[0].device if tensors else torch.device("cpu")))
+
+    lib.impl(name, on_pjrt, "PrivateUse1")
+    lib.impl(name, on_host, "CPU")
+    torch.library.register_fake(qualname, fake, lib=lib)
+    return getattr(getattr(torch.ops, namespace), name)
+
+
+def jax_op(qualname: str, fn: Callable[..., Any] | None = None, *, outputs: int = 1,
+           differentiable: bool = True) -> Any:
+    """Registers JAX function `fn` as the operator `qualname` ("namespace::name"); usable
+    as a decorator. Parameters without a default are tensors; parameters with a float,
+    int, bool or str default are static (each value is its own export). `outputs`: how
+    many tensors it returns. With `differentiable`, the gradient comes from JAX's VJP.
+    Returns the operator (``torch.ops.namespace.name``)."""
+    if fn is None:
+        return lambda f: jax_op(qualname, f, outputs=outputs, differentiable=differentiable)
+    tensors, statics, schema = _signature(fn, qualname)
+    kernel = _Kernel(qualname, fn, tensors, statics)
+    op = _register(qualname, kernel, schema, outputs)
+    if differentiable:
+        _register_vjp(qualname, kernel, schema, outputs)
+    return op
+
+
+def _register_vjp(qualname: str, kernel: _Kernel, schema: list[str], outputs: int) -> None:
+    """The backward as an operator of its own: (primals..., cotangents..., statics) ->
+    one gradient per tensor argument (zeros for integer ones, which have none)."""
+    n = len(kernel.tensor_args)
+
+    def vjp_fn(*args: Any, **static: Any) -> Any:
+        jax = _jax()
+        import jax.numpy as jnp
+
+        primals, cotangents = args[:n], args[n:]
+        floating = [i for i, p in enumerate(primals) if jnp.issubdtype(p.dtype, jnp.inexact)]
+
+        def of_floating(*xs: Any) -> Any:
+            full = list(primals)
+            for i, x in zip(floating, xs):
+                full[i] = x
+            return kernel.fn(*full, **static)
+
+        _, pull = jax.vjp(of_floating, *(primals[i] for i in floating))
+        grads = pull(cotangents[0] if outputs == 1 else tuple(cotangents))
+        out = [jnp.zeros(p.shape, p.dtype) for p in primals]
+        for i, g in zip(floating, grads):
+            out[i] = g
+        return tuple(out)
+
+    names = kernel.tensor_args + [f"grad_{i}" for i in range(outputs)]
+    signature = [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD) for name in names]
+    signature += [inspect.Parameter(s, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                    default=inspect.signature(kernel.fn).parameters[s].default)
+                  for s in kernel.static_args]
+    vjp_fn.__signature__ = inspect.Signature(signature)  # type: ignore[attr-defined]
+    backward_kernel = _Kernel(qualname + "_vjp", vjp_fn, names, kernel.static_args)
+    backward_schema = [f"Tensor {name}" for name in names] + schema[n:]
+    backward_op = _register(qualname + "_vjp", backward_kernel, backward_schema, n)
+
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        ctx.save_for_backward(*inputs[:n])
+        ctx.statics = inputs[n:]
+
+    def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
+        primals = ctx.saved_tensors
+        like = [primals[0]] if outputs == 1 else list(primals)
+        grads = [g if g is not None else torch.zeros_like(like[min(i, len(like) - 1)]) for i, g in enumerate(grads)]
+        result = backward_op(*primals, *grads, *ctx.statics)
+        result = (result,) if n == 1 else tuple(result)
+        return (*(g if p.is_floating_point() or p.is_complex() else None for g, p in zip(result, primals)),
+                *([None] * len(ctx.statics)))
+
+    torch.library.register_autograd(qualname, backward, setup_context=setup_context)
+
+
+def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int], torch.dtype]],
+                 inputs: Sequence[str] | None = None) -> Any:
+    """Registers StableHLO text (a module, or func.func definitions with a public @main)
+    as operator `qualname` for inputs of one fixed signature; `outputs`: each result's
+    shape and dtype. No autograd and no CPU kernel: it runs on pjrt only."""
+    jax = _jax()
+    from jax._src.lib.mlir import ir
+    from jax._src.interpreters import mlir
+
+    with mlir.make_ir_context() as context:
+        try:
+            module = ir.Module.parse(text, context)
+        except Exception as e:
+            raise RuntimeError(f"{qualname}: the StableHLO text does not parse: {e}") from e
+        digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+        symbol, body = _private_functions(module, "k_" + qualname.replace("::", "_") + "_" + digest)
+        entry = module.body.operations[0]
+        for op in module.body.operations:
+            if ir.StringAttr(op.attributes["sym_name"]).value == symbol:
+                entry = op
+        arity = len(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
+    del jax
+    _C._define_kernel(symbol, body)
+    names = list(inputs) if inputs is not None else [f"x{i}" for i in range(arity)]
+    namespace, _, name = qualname.partition("::")
+    lib = _library(namespace)
+    returns = "Tensor" if len(outputs) == 1 else "(" + ", ".join(["Tensor"] * len(outputs)) + ")"
+    lib.define(f"{name}({', '.join('Tensor ' + n for n in names)}) -> {returns}")
+
+    def on_pjrt(*tensors: torch.Tensor) -> Any:
+        like = [torch.empty(tuple(shape), dtype=dtype, device="meta") for shape, dtype in outputs]
+        outs = _C._call_kernel(qualname, symbol, list(tensors), like)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def fake(*tensors: torch.Tensor) -> Any:
+        outs = [torch.empty(tuple(shape), dtype=dtype, device=tensors[0].device) for shape, dtype in outputs]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    lib.impl(name, on_pjrt, "PrivateUse1")
+    torch.library.register_fake(qualname, fake, lib=lib)
+    return getattr(getattr(torch.ops, namespace), name)
