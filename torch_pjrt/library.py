@@ -310,41 +310,62 @@ def _register_vjp(qualname: str, kernel: _Kernel, schema: list[str], outputs: in
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
 
 
+_ELEMENT_TYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
+                  "i32": torch.int32, "i64": torch.int64, "i16": torch.int16, "i8": torch.int8, "ui8": torch.uint8,
+                  "i1": torch.bool, "complex<f32>": torch.complex64, "complex<f64>": torch.complex128}
+
+
 def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int], torch.dtype]],
                  inputs: Sequence[str] | None = None) -> Any:
     """Registers StableHLO text (a module, or func.func definitions with a public @main)
-    as operator `qualname` for inputs of one fixed signature; `outputs`: each result's
-    shape and dtype. No autograd and no CPU kernel: it runs on pjrt only."""
-    jax = _jax()
-    from jax._src.lib.mlir import ir
+    as operator `qualname`; its inputs are @main's (one fixed signature), `outputs` each
+    result's shape and dtype, `inputs` optionally their names. No autograd and no CPU
+    kernel: it runs on pjrt only."""
+    _jax()
     from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
 
+    namespace, _, name = qualname.partition("::")
+    if not namespace or not name:
+        raise ValueError(f"torch_pjrt.library: an operator's name is 'namespace::name', got {qualname!r}")
     with mlir.make_ir_context() as context:
         try:
             module = ir.Module.parse(text, context)
         except Exception as e:
             raise RuntimeError(f"{qualname}: the StableHLO text does not parse: {e}") from e
+        entries = [op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main"]
+        if not entries:
+            raise RuntimeError(f"{qualname}: the StableHLO text has no @main function")
+        expected = []
+        for t in ir.FunctionType(ir.TypeAttr(entries[0].attributes["function_type"]).value).inputs:
+            ranked = ir.RankedTensorType(t)
+            element = str(ranked.element_type)
+            if element not in _ELEMENT_TYPES:
+                raise TypeError(f"{qualname}: no torch dtype for the input element type {element}")
+            expected.append((tuple(ranked.shape), _ELEMENT_TYPES[element]))
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         symbol, body = _private_functions(module, "k_" + qualname.replace("::", "_") + "_" + digest)
-        entry = module.body.operations[0]
-        for op in module.body.operations:
-            if ir.StringAttr(op.attributes["sym_name"]).value == symbol:
-                entry = op
-        arity = len(ir.FunctionType(ir.TypeAttr(entry.attributes["function_type"]).value).inputs)
-    del jax
     _C._define_kernel(symbol, body)
-    names = list(inputs) if inputs is not None else [f"x{i}" for i in range(arity)]
-    namespace, _, name = qualname.partition("::")
+    names = list(inputs) if inputs is not None else [f"x{i}" for i in range(len(expected))]
+    if len(names) != len(expected):
+        raise ValueError(f"{qualname}: {len(names)} input names for {len(expected)} inputs")
     lib = _library(namespace)
     returns = "Tensor" if len(outputs) == 1 else "(" + ", ".join(["Tensor"] * len(outputs)) + ")"
     lib.define(f"{name}({', '.join('Tensor ' + n for n in names)}) -> {returns}")
 
+    def check(tensors: Sequence[torch.Tensor]) -> None:
+        got = [(tuple(t.shape), t.dtype) for t in tensors]
+        if got != expected:
+            raise RuntimeError(f"{qualname}: expected inputs {expected}, got {got}")
+
     def on_pjrt(*tensors: torch.Tensor) -> Any:
+        check(tensors)
         like = [torch.empty(tuple(shape), dtype=dtype, device="meta") for shape, dtype in outputs]
         outs = _C._call_kernel(qualname, symbol, list(tensors), like)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def fake(*tensors: torch.Tensor) -> Any:
+        check(tensors)
         outs = [torch.empty(tuple(shape), dtype=dtype, device=tensors[0].device) for shape, dtype in outputs]
         return outs[0] if len(outs) == 1 else tuple(outs)
 
