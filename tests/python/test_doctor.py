@@ -131,3 +131,12 @@ def test_autocast_in_compiled_code_and_scaled_losses(tmp_path: Any) -> None:
     assert parity and parity[0]["data"]["autocast"], findings(report, "parity")
     # The recorded losses are the unscaled ones: GradScaler multiplies by 65536.
     assert report["summary"]["parity"]["max_rel_error"] < 3e-2, report["summary"]["parity"]
+
+
+def test_a_cuda_extension_gets_the_jax_kernel_route(tmp_path: Any) -> None:
+    script = "cuda_extension.py"
+    report, _ = doctor(tmp_path, script)
+    line = line_of(script, "return load_inline(")
+    assert at(findings(report, "cuda_extension"), script, line), report["findings"]
+    route = at(findings(report, "custom_kernel_route"), script, line)
+    assert route and route[0]["level"] == 2 and "torch_pjrt.library.jax_op" in route[0]["message"], report["findings"]

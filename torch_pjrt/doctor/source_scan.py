@@ -24,6 +24,12 @@ CUDA_ONLY = {
     "causal_conv1d": "causal-conv1d's CUDA kernels",
     "deepspeed": "DeepSpeed (CUDA/NCCL centred; its ZeRO maps to FSDP2)",
 }
+# Of those, the ones whose value is custom kernels: their route off CUDA is a kernel in JAX.
+KERNEL_LIBRARIES = {"flash_attn", "xformers", "triton", "mamba_ssm", "causal_conv1d", "bitsandbytes",
+                    "transformer_engine"}
+KERNEL_ROUTE = ("write the kernel in JAX (Pallas for a tiled one) and register it with "
+                "torch_pjrt.library.jax_op('namespace::name'): the operator then runs on every PJRT plugin, "
+                "inside pjrt's fused and compiled programs, with autograd from JAX (README, \"Custom kernels\")")
 _LINE_PATTERNS = [
     (re.compile(r"\.cuda\s*\("), "cuda_source", ".cuda() call"),
     (re.compile(r"""["']cuda(:\d+)?["']"""), "cuda_source", "'cuda' device string"),
@@ -58,10 +64,16 @@ def scan_file(path: str, findings: Findings) -> None:
                 severity = "fail" if kind == "cuda_extension" else "warn"
                 findings.add(Finding(1, kind, f"{what} in the source: {line.strip()[:120]}", path, lineno,
                                      severity=severity))
+                if kind == "cuda_extension":
+                    findings.add(Finding(2, "custom_kernel_route", f"a C++/CUDA extension: {KERNEL_ROUTE}", path, lineno,
+                                         severity="info"))
     for module, lineno in _imports(tree):
         if module in CUDA_ONLY:
             findings.add(Finding(1, "cuda_only_library", f"imports {module}: {CUDA_ONLY[module]}", path, lineno,
                                  severity="fail"))
+            if module in KERNEL_LIBRARIES:
+                findings.add(Finding(2, "custom_kernel_route", f"{module}'s kernels: {KERNEL_ROUTE}", path, lineno,
+                                     severity="info"))
 
 
 def local_sources(script: str) -> list[str]:
