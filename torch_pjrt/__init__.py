@@ -65,6 +65,7 @@ integrations.install()  # Hugging Face, TorchTitan, torch.distributed: see torch
 if "torch._dynamo" in sys.modules:
     compiler.register()
 
+from .library import jax_op, stablehlo_op  # noqa: E402  (JAX itself is imported at the first use)
 from .metrics import metrics, metrics_report, reset_metrics  # noqa: E402
 from .modes import (  # noqa: E402
     debug_mode,
@@ -129,6 +130,7 @@ __all__ = [
     "eager_mode",
     "fallback_mode",
     "fusion_policy",
+    "jax_op",
     "metrics",
     "metrics_report",
     "native_ops",
@@ -137,6 +139,7 @@ __all__ = [
     "set_eager_mode",
     "set_fallback_mode",
     "set_fusion_policy",
+    "stablehlo_op",
     "sync",
     "synchronize",
 ]
