@@ -35,7 +35,7 @@ Step = Callable[[], torch.Tensor]  # one training step; returns its loss
 
 
 def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
-                  backend: str | None) -> Step:
+                  backend: str | None, compile_optimizer: bool = True) -> Step:
     """One step: zero_grad, loss().backward(), opt.step(). With a torch.compile backend,
     the loss (forward, and through AOTAutograd the backward) and the optimizer step
     are compiled; zero_grad and backward()'s call stay eager, as in user code. For
@@ -50,7 +50,7 @@ def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
     # (its parameters are static addresses) and torch 2.13 fails the compile if asked to:
     # the step is traced in every process, the loss comes from the cache.
     with torch._dynamo.config.patch(caching_precompile=False):
-        update = torch.compile(opt.step, backend=backend, dynamic=False) if backend else opt.step
+        update = torch.compile(opt.step, backend=backend, dynamic=False) if backend and compile_optimizer else opt.step
 
     def step() -> torch.Tensor:
         opt.zero_grad(set_to_none=True)
@@ -63,19 +63,20 @@ def training_step(loss: Callable[[], torch.Tensor], opt: torch.optim.Optimizer,
 
 
 def gpt_step(device: str, backend: str | None = None, autocast: bool = False, attention: str = "sdpa",
-             tied: bool = False) -> Step:
+             tied: bool = False, fused_optimizer: bool = False) -> Step:
+    """fused_optimizer: AdamW(fused=True), one op per step, not compiled (nothing for Dynamo to trace)."""
     vocab, seq = 256, 64
     torch.manual_seed(0)
     model = TinyTransformer(vocab=vocab, dim=128, heads=4, layers=4, seq=seq, attention=attention,
                             tied=tied).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused_optimizer or None)
     x, y = (t.to(device) for t in synthetic_tokens(8, seq, vocab))
 
     def loss() -> torch.Tensor:
         with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
             return F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1))
 
-    return training_step(loss, opt, backend)
+    return training_step(loss, opt, backend, compile_optimizer=not fused_optimizer)
 
 
 def classifier_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
@@ -98,7 +99,7 @@ def mlp_step(device: str, backend: str | None = None) -> Step:
     return classifier_step(model, torch.optim.AdamW(model.parameters(), lr=1e-3), x, y, backend)
 
 
-def hf_gpt2_step(device: str, backend: str | None = None) -> Step:
+def hf_gpt2_step(device: str, backend: str | None = None, fused_optimizer: bool = False) -> Step:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import transformers
 
@@ -106,9 +107,10 @@ def hf_gpt2_step(device: str, backend: str | None = None) -> Step:
     cfg = transformers.GPT2Config(vocab_size=256, n_positions=64, n_embd=128, n_layer=2, n_head=4,
                                   attn_implementation="sdpa")
     model = transformers.GPT2LMHeadModel(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused_optimizer or None)
     ids = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(1)).to(device)
-    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, backend)
+    return training_step(lambda: model(input_ids=ids, labels=ids).loss, opt, backend,
+                         compile_optimizer=not fused_optimizer)
 
 
 # The CLI's --model choices: the step maker and the tokens one step trains on (None: not a language model).

@@ -235,3 +235,59 @@ def test_a_second_process_reads_compiled_graphs_from_aotautograds_cache(tmp_path
             f.write(b"\x00garbage\x00" * 4)
     again = _warm_child(cache)
     assert again["hits"] == 0 and (again["loss"], again["grads"]) == (cold["loss"], cold["grads"]), again
+
+
+PRECOMPILE_CHILD = """
+import json, sys, torch, torch_pjrt
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+batch = int(sys.argv[1])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Embedding(11, 16), torch.nn.Linear(16, 16), torch.nn.GELU(),
+                            torch.nn.Linear(16, 11)).to("pjrt")
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)  # an op, not a traced step
+tokens = torch.randint(0, 11, (batch, 6)).to("pjrt")
+
+def loss_fn(tokens):
+    return F.cross_entropy(model(tokens[:, :-1]).reshape(-1, 11), tokens[:, 1:].reshape(-1))
+
+loss = torch.compile(loss_fn, backend="pjrt")
+losses = []
+for _ in range(2):
+    opt.zero_grad()
+    value = loss(tokens)
+    value.backward()
+    opt.step()
+    losses.append(value.item())
+torch.compiler.save_cache_artifacts()  # writes Dynamo's precompile entries
+eager = loss_fn(tokens).item()  # the same model, uncompiled: the reference for the last state
+compiled = loss(tokens).item()
+print(json.dumps({"losses": losses, "eager": eager, "compiled": compiled,
+                  "frames": counters["frames"]["total"], "compiles": torch_pjrt.metrics()["compiles"],
+                  "params": [p.detach().cpu().sum().item() for p in model.parameters()]}))
+"""
+
+
+def test_dynamo_precompile_with_a_fused_optimizer_skips_tracing_in_a_second_process(tmp_path):
+    # PyTorch's precompile cache (TORCH_CACHING_PRECOMPILE=1) keeps Dynamo's bytecode and
+    # guards with the AOTAutograd graphs: a second process runs the compiled loss without
+    # tracing anything; the fused AdamW is one pjrt op, nothing to trace.
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path / "pjrt"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"),
+               TORCH_CACHING_PRECOMPILE="1")
+
+    def child(batch: int) -> dict:
+        r = subprocess.run([PY, "-c", PRECOMPILE_CHILD, str(batch)], capture_output=True, text=True, env=env,
+                           timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    cold = child(4)
+    assert cold["frames"] >= 1 and cold["compiles"] > 0, cold
+    warm = child(4)
+    assert warm["frames"] == 0 and warm["compiles"] == 0, warm  # no Dynamo, no AOTAutograd, no XLA compile
+    assert (warm["losses"], warm["params"]) == (cold["losses"], cold["params"])
+    # (A shape the saved guards reject is traced anew in the cold process; in a warm one,
+    # torch 2.13's Dynamo fails that retrace: "Name '__builtins_dict___0' already exists
+    # in scope". README, "Compiling", says so.)
+    for run in (cold, warm):
+        assert abs(run["compiled"] - run["eager"]) <= 1e-5 * max(1.0, abs(run["eager"])), run
