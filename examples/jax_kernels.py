@@ -43,7 +43,8 @@ def _add_scaled_block(x_ref, y_ref, o_ref, *, alpha):
     o_ref[...] = x_ref[...] + alpha * y_ref[...]
 
 
-@jax_op("torch_pjrt_examples::pallas_add_scaled")
+# JAX cannot differentiate a pallas_call (no transpose rule): forward only.
+@jax_op("torch_pjrt_examples::pallas_add_scaled", differentiable=False)
 def pallas_add_scaled(x, y, alpha: float = 1.0):
     """x + alpha * y for [N, 128k] inputs, in blocks of 8 x 128 (a grid of Pallas programs)."""
     block = (8, 128)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -69,9 +70,21 @@ def _torch_dtype(dtype: Any) -> torch.dtype:
     return table[name]
 
 
-def _x64() -> Any:
-    """JAX in 64-bit mode for the duration (float64 and int64 kernels keep their types)."""
-    return _jax().enable_x64(True)
+def _x64(dtypes: Sequence[torch.dtype]) -> Any:
+    """JAX's 64-bit mode when an input is 64-bit (so float64 and int64 keep their types),
+    JAX's default otherwise (so a constant like jnp.zeros(3) stays float32, as in plain JAX)."""
+    wide = any(d in (torch.float64, torch.int64, torch.complex128) for d in dtypes)
+    return _jax().enable_x64(wide)
+
+
+def _lowering_platform() -> str:
+    """The JAX platform to lower for: the running plugin's, so platform-specific lowerings
+    (linear algebra's library calls) are the device's, never the host's by default."""
+    name = str(_C._platform()[0]).lower()
+    for jax_name, words in (("cuda", ("cuda", "gpu", "nvidia")), ("rocm", ("rocm", "amd")), ("tpu", ("tpu",))):
+        if any(w in name for w in words):
+            return jax_name
+    return "cpu"
 
 
 def _private_functions(module: Any, prefix: str) -> tuple[str, str]:
@@ -100,6 +113,7 @@ class _Kernel:
         self.tensor_args = tensor_args
         self.static_args = static_args
         self._exports: dict[Any, _Exported] = {}
+        self._host: dict[Any, Any] = {}  # statics -> the jitted function JAX runs on the host
         self._lock = threading.Lock()
 
     def _bound(self, statics: Sequence[Any]) -> Callable[..., Any]:
@@ -120,7 +134,8 @@ class _Kernel:
         return tuple((tuple(int(d) for d in leaf.shape), _torch_dtype(leaf.dtype)) for leaf in leaves)
 
     def export(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any]) -> _Exported:
-        key = (tuple((tuple(t.shape), t.dtype) for t in tensors), tuple(statics))
+        # Statics by type and repr: 0.0 and -0.0 are two exports, and NaN finds its own.
+        key = (tuple((tuple(t.shape), t.dtype) for t in tensors), tuple((type(v), repr(v)) for v in statics))
         with self._lock:
             found = self._exports.get(key)
             if found is not None:
@@ -128,8 +143,11 @@ class _Kernel:
             jax = _jax()
             specs = self._specs(tensors)
             try:
-                with _x64():
-                    lowered = jax.jit(self._bound(statics)).lower(*specs)
+                with _x64([t.dtype for t in tensors]):
+                    # keep_unused: the call passes every input, used or not (a linear
+                    # function's VJP does not read its primals).
+                    traced = jax.jit(self._bound(statics), keep_unused=True).trace(*specs)
+                    lowered = traced.lower(lowering_platforms=(_lowering_platform(),))
                     outputs = self._outputs(lowered.out_info)
                     module = lowered.compiler_ir("stablehlo")
             except Exception as e:
@@ -148,7 +166,7 @@ class _Kernel:
     def like(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any], device: torch.device) -> list[torch.Tensor]:
         """Empty results of the right shapes and dtypes on `device` (fake ones under fake mode)."""
         jax = _jax()
-        with _x64():
+        with _x64([t.dtype for t in tensors]):
             try:
                 result = jax.eval_shape(self._bound(statics), *self._specs(tensors))
             except Exception as e:
@@ -162,10 +180,15 @@ class _Kernel:
 
     def run_host(self, tensors: Sequence[torch.Tensor], statics: Sequence[Any]) -> list[torch.Tensor]:
         jax = _jax()
-        with _x64():
+        key = tuple((type(v), repr(v)) for v in statics)
+        with self._lock:
+            jitted = self._host.get(key)
+            if jitted is None:
+                jitted = self._host[key] = jax.jit(self._bound(statics))
+        with _x64([t.dtype for t in tensors]):
             arrays = [jax.dlpack.from_dlpack(t.detach().contiguous()) for t in tensors]
             try:
-                result = jax.jit(self._bound(statics))(*arrays)
+                result = jitted(*arrays)
             except Exception as e:
                 raise RuntimeError(f"{self.qualname}: JAX failed on the host: {type(e).__name__}: {e}") from e
         leaves = result if isinstance(result, (tuple, list)) else (result,)
@@ -188,8 +211,13 @@ def _signature(fn: Callable[..., Any], qualname: str) -> tuple[list[str], list[s
             kind = _STATIC_TYPES.get(type(p.default))
             if kind is None:
                 raise TypeError(f"{qualname}: static argument {p.name!r} needs a float, int, bool or str default")
+            if kind == "float" and not math.isfinite(p.default):
+                raise TypeError(f"{qualname}: static argument {p.name!r}: a schema default must be finite")
+            if kind == "str" and any(c in p.default for c in "\"'\\"):
+                raise TypeError(f"{qualname}: static argument {p.name!r}: a schema default cannot hold quotes or backslashes")
             statics.append(p.name)
-            schema.append(f"{kind} {p.name}={p.default!r}".replace("'", '"'))
+            default = f'"{p.default}"' if kind == "str" else repr(p.default)
+            schema.append(f"{kind} {p.name}={default}")
     return tensors, statics, schema
 
 
@@ -269,16 +297,17 @@ def _register_vjp(qualname: str, kernel: _Kernel, schema: list[str], outputs: in
         import jax.numpy as jnp
 
         primals, cotangents = args[:n], args[n:]
-        floating = [i for i, p in enumerate(primals) if jnp.issubdtype(p.dtype, jnp.inexact)]
+        floating = [i for i, p in enumerate(primals) if jnp.issubdtype(p.dtype, jnp.floating)]
 
         def of_floating(*xs: Any) -> Any:
             full = list(primals)
             for i, x in zip(floating, xs):
                 full[i] = x
-            return kernel.fn(*full, **static)
+            out = kernel.fn(*full, **static)
+            return tuple(out) if isinstance(out, (tuple, list)) else out
 
         _, pull = jax.vjp(of_floating, *(primals[i] for i in floating))
-        grads = pull(cotangents[0] if outputs == 1 else tuple(cotangents))
+        grads = pull(tuple(cotangents) if outputs > 1 else cotangents[0])
         out = [jnp.zeros(p.shape, p.dtype) for p in primals]
         for i, g in zip(floating, grads):
             out[i] = g
@@ -294,17 +323,28 @@ def _register_vjp(qualname: str, kernel: _Kernel, schema: list[str], outputs: in
     backward_schema = [f"Tensor {name}" for name in names] + schema[n:]
     backward_op = _register(qualname + "_vjp", backward_kernel, backward_schema, n)
 
+    def no_double_backward(ctx: Any, *grads: Any) -> Any:
+        raise RuntimeError(f"{qualname}: a second derivative (backward of {qualname}_vjp) is not supported")
+
+    torch.library.register_autograd(qualname + "_vjp", no_double_backward)
+
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.save_for_backward(*inputs[:n])
         ctx.statics = inputs[n:]
+        results = output if isinstance(output, tuple) else (output,)
+        ctx.results = [(r.shape, r.dtype) for r in results]
 
     def backward(ctx: Any, *grads: Any) -> tuple[Any, ...]:
         primals = ctx.saved_tensors
-        like = [primals[0]] if outputs == 1 else list(primals)
-        grads = [g if g is not None else torch.zeros_like(like[min(i, len(like) - 1)]) for i, g in enumerate(grads)]
+        if any(p.is_complex() for p in primals) or any(d.is_complex for _, d in ctx.results):
+            # JAX's VJP of a complex function is the conjugate of PyTorch's convention.
+            raise RuntimeError(f"{qualname}: gradients through complex tensors are not supported")
+        device = primals[0].device if primals else torch.device("cpu")
+        grads = [g if g is not None else torch.zeros(shape, dtype=dtype, device=device)
+                 for g, (shape, dtype) in zip(grads, ctx.results)]
         result = backward_op(*primals, *grads, *ctx.statics)
         result = (result,) if n == 1 else tuple(result)
-        return (*(g if p.is_floating_point() or p.is_complex() else None for g, p in zip(result, primals)),
+        return (*(g if p.is_floating_point() else None for g, p in zip(result, primals)),
                 *([None] * len(ctx.statics)))
 
     torch.library.register_autograd(qualname, backward, setup_context=setup_context)
@@ -312,7 +352,21 @@ def _register_vjp(qualname: str, kernel: _Kernel, schema: list[str], outputs: in
 
 _ELEMENT_TYPES = {"f32": torch.float32, "f64": torch.float64, "f16": torch.float16, "bf16": torch.bfloat16,
                   "i32": torch.int32, "i64": torch.int64, "i16": torch.int16, "i8": torch.int8, "ui8": torch.uint8,
+                  "ui16": torch.uint16, "ui32": torch.uint32, "ui64": torch.uint64,
                   "i1": torch.bool, "complex<f32>": torch.complex64, "complex<f64>": torch.complex128}
+
+
+def _tensor_types(qualname: str, types: Any, what: str) -> list[tuple[tuple[int, ...], torch.dtype]]:
+    from jax._src.lib.mlir import ir
+
+    found = []
+    for t in types:
+        ranked = ir.RankedTensorType(t)
+        element = str(ranked.element_type)
+        if element not in _ELEMENT_TYPES:
+            raise TypeError(f"{qualname}: no torch dtype for the {what} element type {element}")
+        found.append((tuple(ranked.shape), _ELEMENT_TYPES[element]))
+    return found
 
 
 def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int], torch.dtype]],
@@ -336,13 +390,14 @@ def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int]
         entries = [op for op in module.body.operations if ir.StringAttr(op.attributes["sym_name"]).value == "main"]
         if not entries:
             raise RuntimeError(f"{qualname}: the StableHLO text has no @main function")
-        expected = []
-        for t in ir.FunctionType(ir.TypeAttr(entries[0].attributes["function_type"]).value).inputs:
-            ranked = ir.RankedTensorType(t)
-            element = str(ranked.element_type)
-            if element not in _ELEMENT_TYPES:
-                raise TypeError(f"{qualname}: no torch dtype for the input element type {element}")
-            expected.append((tuple(ranked.shape), _ELEMENT_TYPES[element]))
+        function_type = ir.FunctionType(ir.TypeAttr(entries[0].attributes["function_type"]).value)
+        expected = _tensor_types(qualname, function_type.inputs, "input")
+        results = _tensor_types(qualname, function_type.results, "result")
+        declared = [(tuple(shape), dtype) for shape, dtype in outputs]
+        if declared != results:
+            raise ValueError(f"{qualname}: outputs {declared} do not match @main's results {results}")
+        if not expected:
+            raise ValueError(f"{qualname}: an operator from StableHLO needs at least one tensor input")
         digest = hashlib.sha256(text.encode()).hexdigest()[:16]
         symbol, body = _private_functions(module, "k_" + qualname.replace("::", "_") + "_" + digest)
     _C._define_kernel(symbol, body)

@@ -214,3 +214,40 @@ def test_stablehlo_text_as_an_operator(dev):
     assert torch.equal(f(a.to(dev), b.to(dev)).cpu(), (a * b + a) * 2)
     with pytest.raises(RuntimeError, match="torch_pjrt_tests::mul_add: expected inputs"):
         op(torch.randn(5, device=dev), torch.randn(5, device=dev))
+
+
+def test_an_unused_input_and_a_linear_function_s_gradient(dev):
+    # JAX drops unused inputs unless told not to; the VJP of a linear function reads no primal.
+    op = jax_op("torch_pjrt_tests::scale_first", lambda x, y: 3.0 * x)
+    x, y = torch.randn(4, device=dev, requires_grad=True), torch.randn(4, device=dev, requires_grad=True)
+    out = op(x, y)
+    out.sum().backward()
+    assert torch.equal(out.detach().cpu(), 3.0 * x.detach().cpu())
+    assert torch.equal(x.grad.cpu(), torch.full((4,), 3.0)) and torch.equal(y.grad.cpu(), torch.zeros(4))
+
+
+def test_float32_kernels_stay_float32_and_integer_inputs_get_no_gradient(dev):
+    def embed_scale(table, index):
+        return table[index] * jnp.asarray(0.5)  # a weakly-typed constant: float32 in JAX's default mode
+
+    op = jax_op("torch_pjrt_tests::embed_scale", embed_scale)
+    table = torch.randn(5, 3, device=dev, requires_grad=True)
+    index = torch.tensor([4, 0, 4], device=dev)
+    out = op(table, index)
+    assert out.dtype == torch.float32
+    out.sum().backward()
+    want = torch.zeros(5, 3)
+    want[4], want[0] = 1.0, 0.5
+    assert torch.equal(table.grad.cpu(), want)
+
+
+def test_unsupported_derivatives_raise_rather_than_mislead(dev):
+    op = jax_op("torch_pjrt_tests::abs2", lambda z: z * jnp.conj(z))
+    z = torch.tensor([3 + 4j], device=dev, requires_grad=True)
+    with pytest.raises(RuntimeError, match="torch_pjrt_tests::abs2: gradients through complex tensors"):
+        op(z).real.sum().backward()
+    x = torch.randn(3, device=dev, requires_grad=True)
+    (g,) = torch.autograd.grad(jax_kernels.rms_norm(x, torch.ones(3, device=dev)).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="second derivative"):
+        g.sum().backward()
+
