@@ -230,11 +230,21 @@ def _library(namespace: str) -> torch.library.Library:
     return _LIBRARIES[namespace]
 
 
-def _register(qualname: str, kernel: _Kernel, schema_args: list[str], outputs: int) -> Any:
+def _split(qualname: str) -> tuple[str, str]:
     namespace, _, name = qualname.partition("::")
     if not namespace or not name:
         raise ValueError(f"torch_pjrt.library: an operator's name is 'namespace::name', got {qualname!r}")
-    returns = "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+    return namespace, name
+
+
+def _returns(outputs: int) -> str:
+    """A schema's return type for `outputs` tensors."""
+    return "Tensor" if outputs == 1 else "(" + ", ".join(["Tensor"] * outputs) + ")"
+
+
+def _register(qualname: str, kernel: _Kernel, schema_args: list[str], outputs: int) -> Any:
+    namespace, name = _split(qualname)
+    returns = _returns(outputs)
     lib = _library(namespace)
     lib.define(f"{name}({', '.join(schema_args)}) -> {returns}")
     n = len(kernel.tensor_args)
@@ -379,9 +389,7 @@ def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int]
     from jax._src.interpreters import mlir
     from jax._src.lib.mlir import ir
 
-    namespace, _, name = qualname.partition("::")
-    if not namespace or not name:
-        raise ValueError(f"torch_pjrt.library: an operator's name is 'namespace::name', got {qualname!r}")
+    namespace, name = _split(qualname)
     with mlir.make_ir_context() as context:
         try:
             module = ir.Module.parse(text, context)
@@ -405,7 +413,7 @@ def stablehlo_op(qualname: str, text: str, outputs: Sequence[tuple[Sequence[int]
     if len(names) != len(expected):
         raise ValueError(f"{qualname}: {len(names)} input names for {len(expected)} inputs")
     lib = _library(namespace)
-    returns = "Tensor" if len(outputs) == 1 else "(" + ", ".join(["Tensor"] * len(outputs)) + ")"
+    returns = _returns(len(outputs))
     lib.define(f"{name}({', '.join('Tensor ' + n for n in names)}) -> {returns}")
 
     def check(tensors: Sequence[torch.Tensor]) -> None:
