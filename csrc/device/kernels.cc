@@ -1496,21 +1496,21 @@ bool gelu_uses_tanh(c10::string_view approximate) {
 }
 
 at::Tensor gelu_fn(const at::Tensor& self, c10::string_view approximate) {
-  gelu_uses_tanh(approximate);
+  bool tanh = gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu");
-  Value r = L::gelu(op.b(), op.input(self), approximate == "tanh");  // read first: the layout follows the input
+  Value r = L::gelu(op.b(), op.input(self), tanh);  // read first: the layout follows the input
   return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
-  gelu_uses_tanh(approximate);
+  bool tanh = gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu_");
-  finish(op, L::gelu(op.b(), op.input(self), approximate == "tanh"), self.scalar_type(), &self);
+  finish(op, L::gelu(op.b(), op.input(self), tanh), self.scalar_type(), &self);
   return self;
 }
 at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
-  gelu_uses_tanh(approximate);
+  bool tanh = gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu_backward");
-  Value r = L::gelu_backward(op.b(), op.input(grad), op.input(self), approximate == "tanh");
+  Value r = L::gelu_backward(op.b(), op.input(grad), op.input(self), tanh);
   return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
