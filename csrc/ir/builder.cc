@@ -298,6 +298,9 @@ Value Builder::binary(const std::string& op, Value a, Value b) {
   if (!(type(a) == type(b))) {
     throw std::invalid_argument("ir: " + op + " operands differ: " + type(a).str() + " vs " + type(b).str());
   }
+  // Nothing to compute on zero elements, and the plugin's constant folder divides
+  // splat constants of an empty shape element by element: 0 / 0 raised SIGFPE.
+  if (type(a).numel() == 0) return constant(dtype(a), 0, dims(a));
   std::string name = op.find('.') != std::string::npos ? op : "stablehlo." + op;
   return g_.add(name, {a, b}, type(a));
 }

@@ -86,6 +86,18 @@ TEST(Runtime, CompileAndExecute) {
   EXPECT_EQ(r, (std::vector<float>{11, 22, 33, 44, 55, 66}));
 }
 
+TEST(Runtime, IntegerDivisionOfEmptyConstantsCompiles) {
+  // The plugin's folder divided a 0x10x3 splat of zeros by itself and raised SIGFPE
+  // (test_ops' test_out__refs_lcm); the builder emits no arithmetic on zero elements.
+  ir::Graph g;
+  ir::Builder b(g);
+  auto zeros = b.constant_int(ir::DType::S64, 0, {0, 10, 3});
+  g.set_outputs({b.binary("divide", zeros, zeros), b.binary("remainder", zeros, zeros)});
+  EXPECT_EQ(g.to_mlir().find("stablehlo.divide"), std::string::npos);
+  auto exe = shared_client()->compile(g.to_mlir());
+  EXPECT_EQ(exe->num_outputs(), 2u);
+}
+
 TEST(Runtime, BadProgramIsAnErrorNotAnAbort) {
   auto client = shared_client();
   try {
