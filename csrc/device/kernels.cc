@@ -850,7 +850,10 @@ at::Tensor vector_norm_impl(const at::Tensor& self, const at::Scalar& ord, at::O
     TORCH_CHECK(at::isComplexType(*dtype) == complex_in, "linalg.vector_norm: dtype should be ",
                 complex_in ? "complex" : "real", " for ", complex_in ? "complex" : "real", " inputs, but got ", *dtype);
   }
-  at::ScalarType out = c10::toRealValueType(dtype ? *dtype : (into ? into->scalar_type() : self.scalar_type()));
+  at::ScalarType out = c10::toRealValueType(dtype ? *dtype : self.scalar_type());
+  // As ATen's structured out=: exactly the result's dtype, no casting.
+  TORCH_CHECK(!into || into->scalar_type() == out, "linalg.vector_norm: Expected out tensor to have dtype ",
+              c10::scalarTypeToTypeMeta(out), ", but got ", into->dtype(), " instead");
   double p = ord.toDouble();
   OpBuilder op("aten::linalg_vector_norm");
   Value r = L::vector_norm(op.b(), op.input(self), p, reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
@@ -1122,6 +1125,11 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
 }
 at::Tensor cat_fn(const at::ITensorListRef& t, int64_t d) { return cat_impl(t, d, nullptr); }
 at::Tensor& cat_out(const at::ITensorListRef& t, int64_t d, at::Tensor& o) {
+  at::ScalarType inputs = at::kBool;
+  for (const at::Tensor& input : t) inputs = at::promote_types(inputs, input.scalar_type());
+  // A TypeError, as ATen raises it (test_ops' test_out expects that type for cat and its stacking variants).
+  TORCH_CHECK_TYPE(c10::canCast(inputs, o.scalar_type()), "torch.cat(): input types can't be cast to the desired output type ",
+                   o.scalar_type());
   at::assert_no_internal_overlap(o);
   for (const at::Tensor& input : t) at::assert_no_overlap(o, input);
   cat_impl(t, d, &o);
@@ -1180,7 +1188,7 @@ at::Tensor embedding_backward_fn(const at::Tensor& grad, const at::Tensor& indic
 }
 
 at::Tensor gather_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* into) {
-  if (index.numel() == 0 && !into) return at::empty(index.sizes(), self.options());  // any index dtype, like CPU
+  if (index.numel() == 0) return into ? *into : at::empty(index.sizes(), self.options());  // any index dtype, like CPU
   TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
               "gather(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
@@ -1204,6 +1212,9 @@ at::Tensor gather_fn(const at::Tensor& s, int64_t d, const at::Tensor& i, bool) 
 at::Tensor& gather_out(const at::Tensor& s, int64_t d, const at::Tensor& i, bool, at::Tensor& o) {
   TORCH_CHECK(o.scalar_type() == s.scalar_type(), "gather(): Expected out tensor to have dtype ", s.dtype(),
               ", but got ", o.dtype(), " instead");
+  // Checked here too: an empty index writes nothing, so no op would see `o`.
+  TORCH_CHECK(o.device() == s.device(), "Expected all tensors to be on the same device, but found at least two devices, ",
+              s.device(), " and ", o.device(), "!");
   at::native::resize_output(o, i.sizes());
   check_out_overlap(o, {s, i});
   gather_impl(s, d, i, &o);

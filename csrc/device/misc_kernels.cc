@@ -738,7 +738,7 @@ at::Tensor addr_impl(const at::Tensor& self, const at::Tensor& v1, const at::Ten
   OpBuilder op("aten::addr");
   auto& b = op.b();
   at::ScalarType t = at::native::result_type(std::vector<at::Tensor>{self, v1, v2});
-  if (into) t = into->scalar_type();
+  if (into) t = out_dtype("addr", t, *into);
   std::vector<int64_t> shape{v1.size(0), v2.size(0)};
   Value a = b.broadcast_in_dim(b.convert(op.input(v1), to_ir(t)), shape, {0});
   Value c = b.broadcast_in_dim(b.convert(op.input(v2), to_ir(t)), shape, {1});
