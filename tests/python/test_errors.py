@@ -302,7 +302,21 @@ BAD_INPUT = {
                                                              lambda d: torch.rand(3, 1, device=d).igamma_(torch.rand(3, 4, device=d))),
     "adaptive_max_pool2d with one output size": (RuntimeError, "internal error",
                                                  lambda d: torch.ops.aten.adaptive_max_pool2d(torch.ones(1, 4, 4, device=d), [2])),
+    "cat into an integer out=": (TypeError, "torch.cat\\(\\): input types can't be cast to the desired output type Long",
+                                 lambda d: torch.cat([torch.ones(2, device=d)] * 2, out=torch.empty(0, dtype=torch.long, device=d))),
+    "addr into an integer out=": (RuntimeError, "can't be cast to the desired output type Long",
+                                  lambda d: torch.addr(torch.ones(2, 3, device=d), torch.ones(2, device=d), torch.ones(3, device=d),
+                                                       out=torch.empty(0, dtype=torch.long, device=d))),
+    "linalg.vector_norm into a wider out=": (RuntimeError, "Expected out tensor to have dtype float, but got double",
+                                             lambda d: torch.linalg.vector_norm(torch.ones(3, device=d),
+                                                                                out=torch.empty(0, dtype=torch.float64, device=d))),
 }
+
+
+def test_gather_with_an_empty_index_still_checks_the_out_device(dev):
+    # Nothing is written, yet ATen still refuses an out= on another device (test_ops' test_out_gather).
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.gather(torch.ones(5, device=dev), 0, torch.empty(0, dtype=torch.uint8, device=dev), out=torch.empty(0))
 
 
 @pytest.mark.parametrize("case", BAD_INPUT, ids=list(BAD_INPUT))
@@ -330,7 +344,6 @@ def test_out_that_cannot_hold_the_result_is_refused(dev):
     calls = {
         "addmm": lambda o: torch.addmm(torch.zeros(3, 3, device=dev), x, torch.randn(4, 3, device=dev), out=o),
         "nan_to_num": lambda o: torch.nan_to_num(x, out=o),
-        "cat": lambda o: torch.cat([x, x], out=o),
         "clamp": lambda o: torch.clamp(x, 0, 1, out=o),
         "polygamma": lambda o: torch.polygamma(0, x, out=o),
     }
