@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import _C
+from . import _C, _cache_artifacts
 
 from .recompiles import FunctionStats, Signature, guard_storm, stats_for
 
@@ -188,6 +188,7 @@ class PjrtGraph:
                                           None if len(positions) == len(inputs) else positions)
             self.stats.programs += 1
             self.stats.calls += 1
+            _cache_artifacts.record_new_entries()  # its programs, for torch.compiler.save_cache_artifacts
         return result, graph
 
     def _note_eager(self, why: str) -> None:

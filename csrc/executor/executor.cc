@@ -17,6 +17,7 @@
 #include <fstream>
 #include <random>
 #include <sstream>
+#include <unordered_set>
 
 namespace torch_pjrt::executor {
 
@@ -153,7 +154,29 @@ double seconds_since_modified(const struct stat& st) {
 }
 
 constexpr const char* kEntrySuffix = ".pjrtexe";
+
+struct UsedEntries {
+  std::mutex mu;
+  std::vector<std::string> paths;
+  std::unordered_set<std::string> seen;
+};
+UsedEntries& used_entries() {
+  static UsedEntries used;
+  return used;
+}
+void note_used(const std::string& path) {
+  auto& used = used_entries();
+  std::lock_guard<std::mutex> lock(used.mu);
+  if (used.seen.insert(path).second) used.paths.push_back(path);
+}
 }  // namespace
+
+std::vector<std::string> disk_entries_used(size_t from) {
+  auto& used = used_entries();
+  std::lock_guard<std::mutex> lock(used.mu);
+  if (from >= used.paths.size()) return {};
+  return {used.paths.begin() + static_cast<std::ptrdiff_t>(from), used.paths.end()};
+}
 
 bool DiskCache::load(const std::string& key, std::string* payload, bool count_rejects) const {
   if (!enabled()) return false;
@@ -179,6 +202,7 @@ bool DiskCache::load(const std::string& key, std::string* payload, bool count_re
   payload->assign(data, header + key_size, size);
   if (ir::fnv1a(*payload) != sum) return reject();
   ::utimensat(AT_FDCWD, path.c_str(), nullptr, 0);  // its time of last use, for eviction
+  note_used(path);
   return true;
 }
 
@@ -212,6 +236,7 @@ void DiskCache::store(const std::string& key, const std::string& payload) const 
     return;
   }
   metrics().disk_cache_stores++;
+  note_used(final_path);
   if (policy_.max_bytes <= 0) return;
   bool over;
   {

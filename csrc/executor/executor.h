@@ -75,6 +75,10 @@ struct DiskCachePolicy {
   double stale_seconds = 30;
 };
 
+// The disk entries this process read or wrote, in first-use order (each once): what
+// torch.compiler.save_cache_artifacts ships so another machine starts warm.
+std::vector<std::string> disk_entries_used(size_t from);
+
 // Disk tier: one file per executable, written atomically (tmp + rename), with a
 // header that is checked before the payload is trusted. Shared by every process
 // pointing at the directory (a fleet on NFS or a bucket mount): a lock file per

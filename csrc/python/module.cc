@@ -261,6 +261,7 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("_memory_info", &device::memory_info);
   mod.def("_set_cache_dir", [](const std::string& dir) { device::rt().set_cache_dir(dir); });
   mod.def("_cache_dir", [] { return device::rt().disk_cache().dir(); });
+  mod.def("_disk_entries_used", [](size_t from) { return executor::disk_entries_used(from); }, py::arg("from") = 0);
   mod.def("_memory_cache_size", [] { return device::rt().memory_cache_size(); });
   mod.def("_clear_memory_cache", [] { device::rt().clear_memory_cache(); });
   mod.def("_set_memory_cache_capacity", [](size_t n) { device::rt().set_memory_cache_capacity(n); });

@@ -237,6 +237,58 @@ def test_a_second_process_reads_compiled_graphs_from_aotautograds_cache(tmp_path
     assert again["hits"] == 0 and (again["loss"], again["grads"]) == (cold["loss"], cold["grads"]), again
 
 
+SHIPPED_CHILD = """
+import json, sys, torch, torch_pjrt
+from torch._dynamo.utils import counters
+mode, bundle = sys.argv[1], sys.argv[2]
+shipped = 0
+if mode == "load":
+    with open(bundle, "rb") as f:
+        info = torch.compiler.load_cache_artifacts(f.read())
+    shipped = len(info.pjrt_executable_artifacts)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("pjrt")
+x = torch.randn(5, 8).to("pjrt")
+loss = torch.compile(lambda x: model(x).logsumexp(-1).mean(), backend="pjrt")(x)
+loss.backward()
+if mode == "save":
+    data, info = torch.compiler.save_cache_artifacts()
+    shipped = len(info.pjrt_executable_artifacts)
+    with open(bundle, "wb") as f:
+        f.write(data)
+print(json.dumps({"loss": loss.item(), "grads": [p.grad.cpu().tolist() for p in model.parameters()],
+                  "hits": counters["aot_autograd"]["autograd_cache_hit"], "shipped": shipped,
+                  "compiles": torch_pjrt.metrics()["compiles"]}))
+"""
+
+
+def test_a_saved_cache_bundle_carries_the_xla_programs(tmp_path):
+    # torch.compiler.save_cache_artifacts() in one process, load_cache_artifacts() in another
+    # whose cache directories are empty (another machine): AOTAutograd's graphs and XLA's
+    # programs both come from the bundle, so nothing is traced by AOTAutograd or compiled.
+    bundle = str(tmp_path / "bundle.bin")
+
+    def child(mode: str, cache: str) -> dict:
+        env = dict(os.environ, TORCH_PJRT_CACHE_DIR=os.path.join(cache, "pjrt"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(cache, "inductor"))
+        r = subprocess.run([PY, "-c", SHIPPED_CHILD, mode, bundle], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    saved = child("save", str(tmp_path / "a"))
+    assert saved["compiles"] > 0 and saved["shipped"] >= 2, saved  # the forward and backward programs at least
+    loaded = child("load", str(tmp_path / "b"))
+    assert loaded["shipped"] == saved["shipped"] and loaded["hits"] == 1 and loaded["compiles"] == 0, loaded
+    assert (loaded["loss"], loaded["grads"]) == (saved["loss"], saved["grads"])
+    # A bundle's entry is checked like any disk entry: corrupted, it is compiled again, not run.
+    for path in glob.glob(str(tmp_path / "b" / "pjrt" / "*.pjrtexe")):
+        with open(path, "r+b") as f:
+            f.seek(40)
+            f.write(b"\x00garbage\x00")
+    again = child("run", str(tmp_path / "b"))
+    assert again["compiles"] > 0 and (again["loss"], again["grads"]) == (saved["loss"], saved["grads"]), again
+
+
 PRECOMPILE_CHILD = """
 import json, sys, torch, torch_pjrt
 import torch.nn.functional as F
