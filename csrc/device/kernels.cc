@@ -414,6 +414,8 @@ at::Tensor where_self(const at::Tensor& cond, const at::Tensor& self, const at::
   return finish(op, r, out, nullptr, op.suggested_layout(self.dim()));
 }
 at::Tensor& where_out(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
+  const at::ScalarType result = at::result_type(self, other);
+  TORCH_CHECK(out.scalar_type() == result, "Expected out type to be ", result, " but got ", out.scalar_type());
   OpBuilder op("aten::where");
   Value r = L::where(op.b(), op.input(cond), op.input(self), op.input(other), to_ir(out.scalar_type()));
   finish(op, r, out.scalar_type(), &out);

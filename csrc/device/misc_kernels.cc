@@ -550,9 +550,15 @@ std::vector<int64_t> reduction_dims(const at::Tensor& self, at::OptionalIntArray
 
 at::Tensor nansum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                        std::optional<at::ScalarType> dtype, const at::Tensor* into) {
-  at::ScalarType out = dtype ? *dtype
-                             : (into ? into->scalar_type()
-                                     : (at::isIntegralType(self.scalar_type(), true) ? at::kLong : self.scalar_type()));
+  const at::ScalarType natural = at::isIntegralType(self.scalar_type(), true) ? at::kLong : self.scalar_type();
+  at::ScalarType out = dtype ? *dtype : (into ? into->scalar_type() : natural);
+  if (into) {
+    // As ATen: an explicit dtype must be out's, and out's must hold the input's values
+    // (a float input summed into an integer out is refused, not truncated).
+    TORCH_CHECK(!dtype || *dtype == into->scalar_type(), "nansum: provided dtype must match dtype of result. Got ",
+                into->scalar_type(), " and ", *dtype, ".");
+    out_dtype("nansum", self.scalar_type(), *into);
+  }
   OpBuilder op("aten::nansum");
   auto& b = op.b();
   Value x = op.input(self);
@@ -672,10 +678,7 @@ std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, 
 std::tuple<at::Tensor&, at::Tensor&> mode_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
                                               at::Tensor& indices) {
   auto [v, i] = mode_fn(self, dim, keepdim);
-  at::native::resize_output(values, v.sizes());
-  at::native::resize_output(indices, i.sizes());
-  values.copy_(v);
-  indices.copy_(i);
+  write_outs("mode", {v, i}, {values, indices}, {self});
   return {values, indices};
 }
 

@@ -976,10 +976,7 @@ std::tuple<at::Tensor, at::Tensor> sort_stable_fn(const at::Tensor& self, std::o
 std::tuple<at::Tensor&, at::Tensor&> sort_values_stable_fn(const at::Tensor& self, std::optional<bool>, int64_t dim,
                                                            bool descending, at::Tensor& values, at::Tensor& indices) {
   auto [v, i] = sort_fn(self, dim, descending);
-  at::native::resize_output(values, v.sizes());
-  at::native::resize_output(indices, i.sizes());
-  values.copy_(v);
-  indices.copy_(i);
+  write_outs("sort", {v, i}, {values, indices}, {self});
   return {values, indices};
 }
 
@@ -991,10 +988,7 @@ std::tuple<at::Tensor, at::Tensor> topk_fn(const at::Tensor& self, int64_t k, in
 std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k, int64_t dim, bool largest,
                                               bool sorted, at::Tensor& values, at::Tensor& indices) {
   auto [v, i] = topk_fn(self, k, dim, largest, sorted);
-  at::native::resize_output(values, v.sizes());
-  at::native::resize_output(indices, i.sizes());
-  values.copy_(v);
-  indices.copy_(i);
+  write_outs("topk", {v, i}, {values, indices}, {self});
   return {values, indices};
 }
 
@@ -1356,9 +1350,10 @@ at::Tensor multilabel_margin_backward_fn(const at::Tensor& grad, const at::Tenso
 }
 
 // rrelu: random negative slopes in [lower, upper) while training (recorded in `noise`), their mean otherwise.
-at::Tensor rrelu_with_noise_fn(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
-                               const at::Scalar& upper, bool training, std::optional<at::Generator> gen) {
-  OpBuilder op("aten::rrelu_with_noise");
+at::Tensor rrelu_with_noise_impl(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
+                                 const at::Scalar& upper, bool training, std::optional<at::Generator> gen,
+                                 const at::Tensor* into) {
+  OpBuilder op(into ? "aten::rrelu_with_noise_" : "aten::rrelu_with_noise");
   auto& b = op.b();
   ir::DType dt = to_ir(self.scalar_type()), acc = L::accumulate_type(dt);
   Value x = b.convert(op.input(self), acc);
@@ -1376,7 +1371,23 @@ at::Tensor rrelu_with_noise_fn(const at::Tensor& self, at::Tensor& noise, const 
     slope = b.broadcast_to(op.scalar((lower.toDouble() + upper.toDouble()) / 2, to_aten(acc)), shape);
   }
   Value out = b.select(b.compare(x, zero, "GE"), x, b.binary("multiply", x, slope));
-  return finish(op, b.convert(out, dt), self.scalar_type(), nullptr);
+  return finish(op, b.convert(out, dt), self.scalar_type(), into);
+}
+at::Tensor rrelu_with_noise_fn(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
+                               const at::Scalar& upper, bool training, std::optional<at::Generator> gen) {
+  return rrelu_with_noise_impl(self, noise, lower, upper, training, std::move(gen), nullptr);
+}
+// In place on the device, so that F.rrelu(inplace=True) draws from pjrt's generator as the functional form does.
+at::Tensor& rrelu_with_noise_inplace(at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
+                                     const at::Scalar& upper, bool training, std::optional<at::Generator> gen) {
+  rrelu_with_noise_impl(self, noise, lower, upper, training, std::move(gen), &self);
+  return self;
+}
+at::Tensor& rrelu_with_noise_out(const at::Tensor& self, at::Tensor& noise, const at::Scalar& lower,
+                                 const at::Scalar& upper, bool training, std::optional<at::Generator> gen,
+                                 at::Tensor& out) {
+  return write_out("rrelu_with_noise", rrelu_with_noise_fn(self, noise, lower, upper, training, std::move(gen)), out,
+                   {self, noise});
 }
 
 at::Tensor rrelu_with_noise_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Tensor& noise,
@@ -1883,6 +1894,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("multilabel_margin_loss_forward", multilabel_margin_forward_fn);
   m.impl("multilabel_margin_loss_backward", multilabel_margin_backward_fn);
   m.impl("rrelu_with_noise", rrelu_with_noise_fn);
+  m.impl("rrelu_with_noise_", rrelu_with_noise_inplace);
+  m.impl("rrelu_with_noise.out", rrelu_with_noise_out);
   m.impl("rrelu_with_noise_backward", rrelu_with_noise_backward_fn);
   m.impl("nll_loss2d_backward", nll_loss2d_backward_fn);
 }

@@ -124,7 +124,7 @@ Tensor gcd_lcm(const char* name, const Tensor& self, const Tensor& other, bool l
     y = b.broadcast_to(y, shape);
     Value zero = b.compare(g, b.scalar_like(g, 0), "EQ");
     Value q = b.binary("divide", x, b.select(zero, b.scalar_like(g, 1), g));
-    g = b.select(zero, b.scalar_like(g, 0), b.unary("abs", b.binary("multiply", q, y)));
+    g = b.select(zero, b.scalar_like(g, 0), L::abs(b, b.binary("multiply", q, y)));
   }
   return finish(op, g, t, into);
 }

@@ -8,6 +8,11 @@
 #include <stdexcept>
 
 namespace torch_pjrt::lowering {
+
+Value abs(Builder& b, Value x) {
+  return ir::is_unsigned_int(b.dtype(x)) || b.dtype(x) == DType::Pred ? x : b.unary("abs", x);
+}
+
 namespace {
 
 bool low_precision(DType d) { return d == DType::F16 || d == DType::BF16; }
@@ -66,9 +71,7 @@ const std::map<std::string, UnaryFn>& unary_table() {
       t[name] = [op](Builder& b, Value x) { return b.unary(op, x); };
     };
     simple("neg", "negate");
-    t["abs"] = [](Builder& b, Value x) {  // stablehlo.abs takes signed types only
-      return ir::is_unsigned_int(b.dtype(x)) || b.dtype(x) == DType::Pred ? x : b.unary("abs", x);
-    };
+    t["abs"] = [](Builder& b, Value x) { return abs(b, x); };
     simple("exp", "exponential");
     simple("log", "log");
     simple("log1p", "log_plus_one");
@@ -937,8 +940,8 @@ Value bessel_jy(Builder& b, Value x_in, int order, bool second_kind) {
 
 Value gcd(Builder& b, Value x, Value y) {
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
-  x = b.unary("abs", b.broadcast_to(x, shape));
-  y = b.unary("abs", b.broadcast_to(y, shape));
+  x = abs(b, b.broadcast_to(x, shape));
+  y = abs(b, b.broadcast_to(y, shape));
   auto out = b.while_loop(
       {x, y},
       [](Builder& bb, const std::vector<Value>& s) {

@@ -25,6 +25,8 @@ Value highest(Builder& b, DType d, const std::vector<int64_t>& dims = {});
 bool has_unary(const std::string& name);
 bool has_binary(const std::string& name);
 // Unary math in `compute` dtype (input converted first); result in `out`.
+// |x|: unsigned and bool values are their own magnitude (stablehlo.abs takes signed types only).
+Value abs(Builder& b, Value x);
 Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out);
 // Binary elementwise with broadcasting; inputs converted to `compute`.
 // Comparisons and logical ops produce Pred, converted to `out`.

@@ -310,7 +310,28 @@ BAD_INPUT = {
     "linalg.vector_norm into a wider out=": (RuntimeError, "Expected out tensor to have dtype float, but got double",
                                              lambda d: torch.linalg.vector_norm(torch.ones(3, device=d),
                                                                                 out=torch.empty(0, dtype=torch.float64, device=d))),
+    "where into a wider out=": (RuntimeError, "Expected out type to be Float but got Double",
+                                lambda d: torch.where(torch.tensor([True, False], device=d), torch.ones(2, device=d),
+                                                      torch.zeros(2, device=d), out=torch.empty(2, dtype=torch.float64, device=d))),
+    "nansum with a dtype that is not out's": (RuntimeError, "nansum: provided dtype must match dtype of result",
+                                              lambda d: torch.nansum(torch.ones(3, device=d), 0, dtype=torch.float64,
+                                                                     out=torch.empty(0, device=d))),
 }
+
+
+def test_tuple_out_on_another_device_is_refused(dev):
+    # sort/topk/mode (and msort through sort) write values and indices into out=; on the CPU they are refused.
+    x = torch.randn(4, 5, device=dev)
+    calls = {
+        "sort": lambda v, i: torch.sort(x, out=(v, i)),
+        "topk": lambda v, i: torch.topk(x, 2, out=(v, i)),
+        "mode": lambda v, i: torch.mode(x, out=(v, i)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError, match=f"{name}: expected out on pjrt:0, got cpu"):
+            call(torch.empty(0), torch.empty(0, dtype=torch.long))
+    with pytest.raises(RuntimeError, match="expected out on pjrt:0, got cpu"):
+        torch.msort(x, out=torch.empty(0))
 
 
 def test_gather_with_an_empty_index_still_checks_the_out_device(dev):
@@ -346,6 +367,7 @@ def test_out_that_cannot_hold_the_result_is_refused(dev):
         "nan_to_num": lambda o: torch.nan_to_num(x, out=o),
         "clamp": lambda o: torch.clamp(x, 0, 1, out=o),
         "polygamma": lambda o: torch.polygamma(0, x, out=o),
+        "nansum": lambda o: torch.nansum(x, out=o),
     }
     for name, call in calls.items():
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):

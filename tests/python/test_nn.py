@@ -343,6 +343,13 @@ def test_rrelu() -> None:
     slope = yc[xc < 0] / xc[xc < 0]
     assert torch.equal(yc[xc >= 0], xc[xc >= 0]) and slope.min() >= 0.1 and slope.max() < 0.3 and slope.std() > 0.03
     torch.testing.assert_close(gc[xc < 0], slope)
+    # In place it runs on the device too, drawing the same slopes from pjrt's generator.
+    with torch_pjrt.fallback_mode("error"):
+        torch.manual_seed(0)
+        functional = F.rrelu(x.detach(), 0.1, 0.3, training=True)
+        torch.manual_seed(0)
+        inplace = F.rrelu(x.detach().clone(), 0.1, 0.3, training=True, inplace=True)
+    assert torch.equal(inplace.cpu(), functional.cpu())
 
 
 def _grid_sample_against_float64(dev, x_shape, grid_shape, seed, **kw):

@@ -59,6 +59,9 @@ def test_gcd_lcm(dev: torch.device) -> None:
     c = a.to(dev).to(torch.int32)
     c.gcd_(b.to(dev).to(torch.int32))
     assert_close(c, torch.gcd(a, b).to(torch.int32))
+    u, v = a.abs().to(torch.uint8), b.abs().to(torch.uint8)  # unsigned: no stablehlo.abs of them
+    assert_close(torch.gcd(u.to(dev), v.to(dev)), torch.gcd(u, v))
+    assert_close(torch.lcm(u.to(dev), v.to(dev)), torch.lcm(u, v))
     with pytest.raises(RuntimeError, match="integer"):
         torch.gcd(torch.ones(2).to(dev), torch.ones(2).to(dev))
 
