@@ -120,20 +120,25 @@ def _expected_to_fail(file: str, test: str) -> bool:
 
 
 def _read(paths: list[str]) -> dict[str, dict[str, str]]:
-    """Outcome records by test id (a later record of a test replaces an earlier one)."""
+    """Outcome records by test id: the latest record of a test wins. A rerun may land in
+    another job's file than the first outcome, so records carry their time; records
+    without one (older runs) count as earlier than any with one, and in file order."""
     records: dict[str, dict[str, str]] = {}
     for path in paths:
         with open(path) as f:
             for line in f:
                 if line.strip():
                     r = json.loads(line)
-                    records[r["test"]] = r
+                    old = records.get(r["test"])
+                    if old is None or float(r.get("time", 0)) >= float(old.get("time", 0)):
+                        records[r["test"]] = r
     return records
 
 
 def _record(path: str, test: str, outcome: str, message: str) -> None:
     with open(path, "a") as f:
-        f.write(json.dumps({"test": test, "outcome": outcome, "message": message, "commit": _commit()}) + "\n")
+        f.write(json.dumps({"test": test, "outcome": outcome, "message": message, "commit": _commit(),
+                            "time": time.time()}) + "\n")
 
 
 def _run_part(path: str, selection: list[str], ids: list[str], outcomes: str, deadline: float) -> list[dict[str, str]]:

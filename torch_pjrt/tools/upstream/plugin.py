@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any
 
 import pytest
@@ -108,4 +109,5 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     with open(path, "a") as f:
         f.write(json.dumps({"test": report.nodeid.split("::", 1)[1], "outcome": outcome,
                             "message": str(message).splitlines()[0][:300] if message else "",
-                            "commit": os.environ.get("TORCH_PJRT_UPSTREAM_COMMIT", "unknown")}) + "\n")
+                            "commit": os.environ.get("TORCH_PJRT_UPSTREAM_COMMIT", "unknown"),
+                            "time": time.time()}) + "\n")
