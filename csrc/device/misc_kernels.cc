@@ -678,7 +678,7 @@ std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, 
 std::tuple<at::Tensor&, at::Tensor&> mode_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
                                               at::Tensor& indices) {
   auto [v, i] = mode_fn(self, dim, keepdim);
-  write_outs("mode", {v, i}, {values, indices}, {self});
+  write_outs("mode", {v, i}, {values, indices});
   return {values, indices};
 }
 

@@ -976,7 +976,7 @@ std::tuple<at::Tensor, at::Tensor> sort_stable_fn(const at::Tensor& self, std::o
 std::tuple<at::Tensor&, at::Tensor&> sort_values_stable_fn(const at::Tensor& self, std::optional<bool>, int64_t dim,
                                                            bool descending, at::Tensor& values, at::Tensor& indices) {
   auto [v, i] = sort_fn(self, dim, descending);
-  write_outs("sort", {v, i}, {values, indices}, {self});
+  write_outs("sort", {v, i}, {values, indices});  // values may be self (ATen sorts into its input)
   return {values, indices};
 }
 
@@ -988,7 +988,7 @@ std::tuple<at::Tensor, at::Tensor> topk_fn(const at::Tensor& self, int64_t k, in
 std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k, int64_t dim, bool largest,
                                               bool sorted, at::Tensor& values, at::Tensor& indices) {
   auto [v, i] = topk_fn(self, k, dim, largest, sorted);
-  write_outs("topk", {v, i}, {values, indices}, {self});
+  write_outs("topk", {v, i}, {values, indices});
   return {values, indices};
 }
 

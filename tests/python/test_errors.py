@@ -332,6 +332,10 @@ def test_tuple_out_on_another_device_is_refused(dev):
             call(torch.empty(0), torch.empty(0, dtype=torch.long))
     with pytest.raises(RuntimeError, match="expected out on pjrt:0, got cpu"):
         torch.msort(x, out=torch.empty(0))
+    # Sorting into the input itself is allowed, as in ATen (test_sort_and_select's test_sort does it).
+    y, index = x.clone(), torch.empty(0, dtype=torch.long, device=dev)
+    torch.sort(y, out=(y, index))
+    assert torch.equal(y.cpu(), torch.sort(x.cpu()).values) and torch.equal(index.cpu(), torch.sort(x.cpu()).indices)
 
 
 def test_gather_with_an_empty_index_still_checks_the_out_device(dev):
