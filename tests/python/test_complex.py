@@ -336,3 +336,13 @@ def test_inverse_trig_and_logaddexp(dev: torch.device, dtype: torch.dtype) -> No
     assert_close(torch.logcumsumexp(run.to(dev), 0), torch.logcumsumexp(run, 0), **_tol(dtype, 16))
     with pytest.raises(RuntimeError, match="dtype should be complex for complex inputs"):
         torch.linalg.vector_norm(z.to(dev), dtype=torch.float32)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_sigmoid_at_infinities_and_overflow_as_on_cpu(dev: torch.device, dtype: torch.dtype) -> None:
+    # torch's CPU kernel (and numpy, the test files' reference) computes 1 / (1 + e^-z): 1 at
+    # inf + inf i, and NaN where e^-z overflows to inf +- inf i; XLA's logistic answered 0 and NaN.
+    v = [float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1.0, -3.0, 100.0, -100.0, -1000.0, 1000.0]
+    z = torch.tensor([complex(a, b) for a in v for b in v], dtype=dtype)
+    z = torch.cat([z, crandn(2000, dtype=dtype) * 300])
+    assert_close(torch.sigmoid(z.to(dev)), torch.sigmoid(z), **_tol(dtype, 8))

@@ -5,6 +5,8 @@ forbidden."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from conftest import assert_close
@@ -352,3 +354,51 @@ def test_log_ndtr_keeps_both_tails(dev: torch.device, dtype: torch.dtype) -> Non
     eps = torch.finfo(dtype).eps
     assert ((got - ref) / ref)[finite].abs().max().item() <= max(4 * cpu_err, 8 * eps, 2 * erfc_err)
     assert torch.equal(got[~finite].nan_to_num(1.0), ref[~finite].nan_to_num(1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_i0_and_i0e_across_their_range(dev: torch.device, dtype: torch.dtype) -> None:
+    # Both sides of the switch between the power series and the asymptotic series, up to where
+    # float64's I0 overflows. The bound: the CPU's own float32 distance to the float64 result
+    # (float64: a few ulps, the CPU's Chebyshev expansion being within about 1e-16).
+    limit = 713.0 if dtype == torch.float64 else 88.0
+    x = torch.cat([torch.linspace(-limit, limit, 20001, dtype=torch.float64),
+                   torch.tensor([11.99, 12.0, 12.01, 19.99, 20.0, 20.01], dtype=torch.float64)])
+    eps = torch.finfo(dtype).eps
+    for fn in (torch.i0, torch.special.i0e):
+        ref = fn(x)
+        got = fn(x.to(dtype).to(dev)).cpu().double()
+        ref_of_rounded = fn(x.to(dtype).double())  # the input rounded as the device sees it
+        finite = ref_of_rounded.isfinite()
+        err = ((got - ref_of_rounded) / ref_of_rounded)[finite].abs().max().item()
+        cpu = fn(x.to(dtype)).double()
+        cpu_ok = finite & cpu.isfinite()
+        cpu_err = ((cpu - ref_of_rounded) / ref_of_rounded)[cpu_ok].abs().max().item()
+        assert err <= max(2 * cpu_err, 32 * eps), (fn.__name__, err, cpu_err)
+    # I0 is even, infinite at +-inf (i0e: 0 there), NaN at NaN.
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0], dtype=dtype)
+    exact = dict(rtol=0, atol=0, equal_nan=True)
+    inf, nan = float("inf"), float("nan")
+    torch.testing.assert_close(torch.i0(special.to(dev)).cpu(), torch.tensor([inf, inf, nan, 1.0], dtype=dtype), **exact)
+    torch.testing.assert_close(torch.special.i0e(special.to(dev)).cpu(), torch.tensor([0.0, 0.0, nan, 1.0], dtype=dtype),
+                               **exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ndtri_keeps_its_tails(dev: torch.device, dtype: torch.dtype) -> None:
+    # sqrt(2) erfinv(2p - 1) loses p's low bits as p -> 0 (2p - 1 rounds to -1 below 2^-25 in
+    # float32, giving -inf): the tails must keep the CPU's accuracy down to the smallest normal p.
+    tiny = torch.finfo(dtype).tiny
+    p = torch.cat([torch.rand(20000, dtype=torch.float64, generator=torch.Generator().manual_seed(0)),
+                   torch.logspace(math.log10(tiny) + 0.01, -1, 2000, dtype=torch.float64),
+                   1 - torch.logspace(-15 if dtype == torch.float64 else -7, -1, 500, dtype=torch.float64)]).to(dtype)
+    ref = torch.special.ndtri(p.double())
+    got = torch.special.ndtri(p.to(dev)).cpu().double()
+    cpu = torch.special.ndtri(p).double()
+    finite = ref.isfinite() & (ref != 0)
+    cpu_err = ((cpu - ref) / ref)[finite].abs().max().item()
+    err = ((got - ref) / ref)[finite].abs().max().item()
+    assert err <= max(2 * cpu_err, 16 * torch.finfo(dtype).eps), (err, cpu_err)
+    edges = torch.tensor([0.0, 1.0, -0.5, 1.5, float("nan"), 0.5], dtype=dtype)
+    torch.testing.assert_close(torch.special.ndtri(edges.to(dev)).cpu(), torch.special.ndtri(edges.double()).to(dtype),
+                               rtol=0, atol=0, equal_nan=True)
