@@ -69,13 +69,14 @@ class FileResult:
         return self.counts["passed"] / run if run else 1.0
 
 
-def _env(outcomes: str, only: str | None) -> dict[str, str]:
+def _env(outcomes: str, share: str, only: str | None) -> dict[str, str]:
     env = dict(os.environ, PYTORCH_TESTING_DEVICE_FOR_CUSTOM="privateuse1",
                PYTORCH_TESTING_DEVICE_ONLY_FOR="privateuse1", TORCH_PJRT_UPSTREAM_OUTCOMES=outcomes,
                PYTORCH_PRINT_REPRO_ON_FAILURE="0", TORCH_PJRT_FALLBACK=os.environ.get("TORCH_PJRT_FALLBACK", "warn"),
                TORCH_PJRT_UPSTREAM_COMMIT=_commit())
     env.pop("PYTEST_ADDOPTS", None)
     env.pop("TORCH_PJRT_UPSTREAM_ONLY", None)
+    env["TORCH_PJRT_UPSTREAM_SHARE"] = share
     if only is not None:
         env["TORCH_PJRT_UPSTREAM_ONLY"] = only
     return env
@@ -100,25 +101,6 @@ def _pytest_cmd(path: str, extra: list[str]) -> list[str]:
             "--rootdir", os.path.dirname(path), *extra]
 
 
-def _collect(path: str, selection: list[str]) -> list[str]:
-    proc = subprocess.run(_pytest_cmd(path, ["--collect-only", path, *selection]), cwd=os.path.dirname(path),
-                          env=_env(os.devnull, None), capture_output=True, text=True, timeout=900)
-    ids = [line.split("::", 1)[1] for line in proc.stdout.splitlines() if "::" in line]
-    if not ids:
-        raise RuntimeError(f"upstream: collecting {path} gave no test ids:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    return ids
-
-
-def _sample(ids: list[str], n: int, file: str) -> list[str]:
-    step = max(1, len(ids) // n) if n else 1
-    return [t for i, t in enumerate(ids) if i % step == 0 or _expected_to_fail(file, t)]
-
-
-def _expected_to_fail(file: str, test: str) -> bool:
-    entry = lookup(file, test)
-    return entry is not None and entry.expect == "fail"
-
-
 def _read(paths: list[str]) -> dict[str, dict[str, str]]:
     """Outcome records by test id: the latest record of a test wins. A rerun may land in
     another job's file than the first outcome, so records carry their time; records
@@ -141,42 +123,68 @@ def _record(path: str, test: str, outcome: str, message: str) -> None:
                             "time": time.time()}) + "\n")
 
 
-def _run_part(path: str, selection: list[str], ids: list[str], outcomes: str, deadline: float) -> list[dict[str, str]]:
-    """Runs these tests (in collection order) in one pytest process, appending their outcomes
-    to `outcomes`. A process that dies (a crash, a signal) is charged to the test it was
-    running, recorded as that test's error, and a new process runs the rest. Returns the
-    problems that are not test outcomes (tests left unrun)."""
-    todo = ids
-    while todo:
-        with tempfile.NamedTemporaryFile("w", suffix=".ids", delete=False) as only:
-            only.write("\n".join(todo))
-        try:
+@dataclasses.dataclass
+class Share:
+    """What one pytest process chose from its own collection (the plugin's answer)."""
+    collected: int  # the file's test count
+    wanted: list[str]  # the file's tests this run covers (all, or the sample), done or not
+    unrun: list[dict[str, str]]  # tests of this share that left no outcome, as errors
+
+
+def _run_share(path: str, selection: list[str], request: dict[str, object], outcomes: str,
+               deadline: float) -> Share:
+    """Runs one job's share of a file in one pytest process, which collects the file and
+    picks the share itself (plugin.py), appending outcomes to `outcomes`. A process that
+    dies (a crash, a signal) is charged to the test it was running, recorded as that test's
+    error, and a new process runs the rest of the share."""
+    with tempfile.TemporaryDirectory() as scratch:
+        request_path = os.path.join(scratch, "request.json")
+        answer_path = os.path.join(scratch, "answer.json")
+        with open(request_path, "w") as f:
+            json.dump({**request, "answer": answer_path}, f)
+        only: str | None = None  # after a crash: the ids left
+        todo: list[str] | None = None
+        while True:
             proc = subprocess.Popen(_pytest_cmd(path, [path, *selection]), cwd=os.path.dirname(path),
-                                    env=_env(outcomes, only.name), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True)
+                                    env=_env(outcomes, request_path, only), stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, text=True)
             try:
                 output, _ = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+                timed_out = False
             except subprocess.TimeoutExpired:
                 proc.kill()
-                proc.communicate()
-                done = _read([outcomes])
-                return [{"test": t, "outcome": "error", "message": "not run (the file's time limit ran out)"}
-                        for t in todo if t not in done]
-        finally:
-            os.unlink(only.name)
-        done = _read([outcomes]) if os.path.exists(outcomes) else {}
-        missing = [t for t in todo if t not in done]
-        if not missing or proc.returncode in (0, 1, 5):
-            return [{"test": t, "outcome": "error", "message": f"not run (pytest ended with code {proc.returncode})"}
-                    for t in missing]
-        if proc.returncode in (2, 3, 4):  # interrupted, internal or usage error: no test will run
-            tail = output[-600:].replace("\n", " | ")
-            return [{"test": t, "outcome": "error", "message": f"pytest ended with code {proc.returncode}: {tail}"}
-                    for t in missing]
-        tail = output[-300:].replace("\n", " | ")
-        _record(outcomes, missing[0], "error", f"pytest ended with code {proc.returncode} during this test: {tail}")
-        todo = missing[1:]
-    return []
+                output, _ = proc.communicate()
+                timed_out = True
+            if todo is None:  # the first process: what it chose
+                if not os.path.exists(answer_path):
+                    raise RuntimeError(f"upstream: collecting {path} gave no test ids (pytest ended with code "
+                                       f"{proc.returncode}):\n{output[-3000:]}")
+                with open(answer_path) as f:
+                    answer = json.load(f)
+                if not answer["collected"]:
+                    raise RuntimeError(f"upstream: collecting {path} gave no test ids:\n{output[-3000:]}")
+                todo = answer["mine"]
+            done = _read([outcomes]) if os.path.exists(outcomes) else {}
+            missing = [t for t in todo if t not in done]
+            share = functools.partial(Share, answer["collected"], answer["wanted"])
+            if timed_out:
+                return share([{"test": t, "outcome": "error", "message": "not run (the file's time limit ran out)"}
+                              for t in missing])
+            if not missing or proc.returncode in (0, 1, 5):
+                return share([{"test": t, "outcome": "error",
+                               "message": f"not run (pytest ended with code {proc.returncode})"} for t in missing])
+            if proc.returncode in (2, 3, 4):  # interrupted, internal or usage error: no test will run
+                tail = output[-600:].replace("\n", " | ")
+                return share([{"test": t, "outcome": "error", "message": f"pytest ended with code {proc.returncode}: "
+                               f"{tail}"} for t in missing])
+            tail = output[-300:].replace("\n", " | ")
+            _record(outcomes, missing[0], "error", f"pytest ended with code {proc.returncode} during this test: {tail}")
+            todo = missing[1:]
+            if not todo:
+                return share([])
+            only = os.path.join(scratch, "only.ids")
+            with open(only, "w") as f:
+                f.write("\n".join(todo))
 
 
 def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outcomes_dir: str | None = None,
@@ -184,8 +192,6 @@ def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outco
     file = os.path.basename(path)
     selection = ["-k", SELECTION[file]] if file in SELECTION else []
     start = time.perf_counter()
-    all_ids = _collect(path, selection)
-    ids = _sample(all_ids, sample, file) if sample else all_ids
     with tempfile.TemporaryDirectory() as scratch:
         directory = os.path.abspath(outcomes_dir or scratch)  # pytest runs in the upstream directory
         os.makedirs(directory, exist_ok=True)
@@ -194,18 +200,17 @@ def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outco
             for part in parts:
                 os.unlink(part)
         # Resumed: what has no outcome yet, and what failed (after a fix, it runs again).
-        done = {t for t, r in _read(parts).items() if r["outcome"] not in ("failed", "error", "xpassed")} \
-            if resume else set()
-        todo = [t for t in ids if t not in done]
-        jobs = max(1, min(jobs, len(todo)))
+        done = sorted(t for t, r in _read(parts).items() if r["outcome"] not in ("failed", "error", "xpassed")) \
+            if resume else []
+        jobs = max(1, jobs)
         deadline = time.monotonic() + timeout
         with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-            futures = [pool.submit(_run_part, path, selection, todo[j::jobs],
-                                   os.path.join(directory, f"{file}.{j}.jsonl"), deadline) for j in range(jobs)
-                       if todo[j::jobs]]
-            unrun = [p for f in futures for p in f.result()]
+            futures = [pool.submit(_run_share, path, selection, {"sample": sample, "done": done, "job": j, "jobs": jobs},
+                                   os.path.join(directory, f"{file}.{j}.jsonl"), deadline) for j in range(jobs)]
+            shares = [f.result() for f in futures]
         records = _read(sorted(glob.glob(os.path.join(glob.escape(directory), f"{glob.escape(file)}.*.jsonl"))))
-    wanted = set(ids)
+    wanted = set(shares[0].wanted)
+    unrun = [p for s in shares for p in s.unrun]
     records = {t: r for t, r in records.items() if t in wanted}
     counts = {o: 0 for o in OUTCOMES}
     problems = []
@@ -221,7 +226,7 @@ def run_file(path: str, sample: int | None, timeout: float, jobs: int = 1, outco
                   if r["outcome"] == "xfailed" and getattr(lookup(file, r["test"]), "cpu_too", False))
     commits = sorted({r.get("commit", "unknown") for r in records.values()})
     return FileResult(file, counts, time.perf_counter() - start, problems, cpu_too,
-                      len(all_ids) if sample else None, commits)
+                      shares[0].collected if sample else None, commits)
 
 
 def table(results: list[FileResult]) -> str:

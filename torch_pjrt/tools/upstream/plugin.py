@@ -1,7 +1,9 @@
 """pytest plugin loaded into each upstream file's run (``-p torch_pjrt.tools.upstream.plugin``).
 
 - Supplies the names some upstream files import from where torch 2.13 no longer has
-  them, without editing the files.
+  them, and numpy 1's ``msort`` (a reference numpy 2 removed), without editing the files.
+- Picks the tests this process runs from its own collection: the runner's sample, a
+  resumed run's remainder, one job's share (see _share).
 - Marks the spec's entries for this file: ``fail`` as a strict xfail (a pass is an
   unexpected pass, a failure of the run), ``skip`` as a skip, each with its reason.
 - Lets TestCommon.test_compare_cpu (upstream: CUDA and XPU only) run on the device,
@@ -40,22 +42,65 @@ def _supply_moved_names() -> None:
 
         cmi.skipOps = skip_ops
 
+    # test_sort_and_select's reference for torch.msort is numpy.msort, which numpy 2
+    # removed; numpy 1 defined it as a sort along the first axis.
+    import numpy
+
+    if not hasattr(numpy, "msort"):
+        def msort(a: Any) -> Any:
+            return numpy.sort(a, axis=0)
+
+        numpy.msort = msort
+
 
 def pytest_configure(config: pytest.Config) -> None:
     _supply_moved_names()
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def _sample(ids: list[str], n: int, file: str) -> list[str]:
+    """A fixed, evenly spread sample of about n tests, plus every test the spec expects to fail."""
+    step = max(1, len(ids) // n)
+    return [t for i, t in enumerate(ids) if i % step == 0 or _expected_to_fail(file, t)]
+
+
+def _expected_to_fail(file: str, test: str) -> bool:
+    entry = lookup(file, test)
+    return entry is not None and entry.expect == "fail"
+
+
+def _share(items: list[pytest.Item], file: str) -> set[str] | None:
+    """The tests this process runs, as the runner asked (None: all collected).
+
+    TORCH_PJRT_UPSTREAM_SHARE names the runner's request (JSON): the sample size, the
+    tests a resumed run has done, this job's index and the number of jobs. The tests are
+    chosen here, from this process's own collection, so the runner collects no file
+    beforehand; the answer (the file's test count, the tests wanted, this job's share)
+    lets the runner find what a process that died left unrun.
+    TORCH_PJRT_UPSTREAM_ONLY names a file of test ids: the rest of a share after a crash."""
+    ids = [i.nodeid.split("::", 1)[1] for i in items]
     only = os.environ.get("TORCH_PJRT_UPSTREAM_ONLY")
-    if only:  # the runner's share of the file (a sample, a job's part, what a resumed run has left)
+    if only:
         with open(only) as f:
-            wanted = set(f.read().split())
-        keep = [i for i in items if i.nodeid.split("::", 1)[1] in wanted]
-        config.hook.pytest_deselected(items=[i for i in items if i.nodeid.split("::", 1)[1] not in wanted])
-        items[:] = keep
-    if not items:
-        return
-    file = os.path.basename(str(items[0].fspath))
+            return set(f.read().split())
+    request_path = os.environ.get("TORCH_PJRT_UPSTREAM_SHARE")
+    if not request_path:
+        return None
+    with open(request_path) as f:
+        request = json.load(f)
+    wanted = _sample(ids, request["sample"], file) if request["sample"] else ids
+    done = set(request["done"])
+    mine = [t for t in wanted if t not in done][request["job"]::request["jobs"]]
+    with open(request["answer"], "w") as f:
+        json.dump({"collected": len(ids), "wanted": wanted, "mine": mine}, f)
+    return set(mine)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    file = os.path.basename(str(items[0].fspath)) if items else ""
+    share = _share(items, file)
+    if share is not None:
+        config.hook.pytest_deselected(items=[i for i in items if i.nodeid.split("::", 1)[1] not in share])
+        items[:] = [i for i in items if i.nodeid.split("::", 1)[1] in share]
     for item in items:
         entry = lookup(file, item.nodeid.split("::", 1)[1])
         if entry is None:
