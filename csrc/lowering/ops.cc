@@ -67,7 +67,8 @@ Value poly(Builder& b, Value x, const std::vector<double>& coeffs) {
 // sum_k ((2k-1)!!)^2 / (k! (8x)^k); both sum positive terms. Against mpmath, float64 (S = 20,
 // 37 and 23 terms) is within 2e-16 of I0 on each side, and float32 (S = 12, 21 and 18 terms,
 // fewer roundings) within 5e-11. Unscaled, exp(|x|) is applied as two halves, so that I0 stays
-// finite up to where it overflows (|x| ~ 713 in float64), past exp's 709.
+// finite up to where it overflows (|x| ~ 713 in float64), past exp's 709; at +-inf it is NaN, as
+// torch and scipy give it.
 Value bessel_i0(Builder& b, Value x, bool scaled) {
   const bool f64 = b.dtype(x) == DType::F64;
   const double switch_point = f64 ? 20.0 : 12.0;
@@ -92,11 +93,11 @@ Value bessel_i0(Builder& b, Value x, bool scaled) {
   Value xs = b.binary("minimum", ax, c(switch_point)), xl = b.binary("maximum", ax, c(switch_point));  // each branch finite
   Value series = poly(b, b.binary("multiply", b.binary("multiply", xs, xs), c(u_scale)), series_coeffs);
   Value scaled_large = b.binary("divide", poly(b, b.binary("divide", c(1), xl), asymptotic_coeffs),
-                                b.unary("sqrt", b.binary("multiply", xl, c(2 * M_PI))));
+                                b.binary("multiply", b.unary("sqrt", xl), c(std::sqrt(2 * M_PI))));  // 2 pi x may overflow
   if (scaled) return b.select(is_small, b.binary("multiply", series, b.unary("exponential", b.unary("negate", ax))), scaled_large);
   Value half = b.unary("exponential", b.binary("multiply", xl, c(0.5)));
   Value large = b.binary("multiply", half, b.binary("multiply", half, scaled_large));
-  large = b.select(b.compare(ax, c(INFINITY), "EQ"), ax, large);  // inf * (inf * 0) would be NaN
+  large = b.select(b.compare(ax, c(INFINITY), "EQ"), c(NAN), large);  // torch's (and scipy's) I0(+-inf)
   return b.select(is_small, series, large);
 }
 
@@ -156,6 +157,27 @@ Value ndtri(Builder& b, Value p) {
   r = b.select(b.compare(p, c(1), "EQ"), c(INFINITY), r);
   Value outside = b.binary("or", b.compare(p, c(0), "LT"), b.compare(p, c(1), "GT"));
   return b.select(outside, c(NAN), r);  // NaN stays NaN: it falls in no range
+}
+
+// Complex division as torch's CPU (c10::complex) and numpy compute it: Smith's algorithm, scaled
+// by the larger part of the divisor, with no recovery of infinities (XLA's division returns C99's
+// limits, e.g. 1 / (inf + inf i) = 0 where the CPU gives NaN). A zero divisor gives a / 0 and b / 0.
+Value complex_divide(Builder& b, Value x, Value y) {
+  Value a = b.real(x), bi = b.imag(x), c = b.real(y), d = b.imag(y);
+  Value abs_c = b.unary("abs", c), abs_d = b.unary("abs", d), zero = b.scalar_like(c, 0);
+  Value real_wider = b.compare(abs_c, abs_d, "GE");  // false for a NaN part, as on CPU
+  Value rat = b.select(real_wider, b.binary("divide", d, c), b.binary("divide", c, d));
+  Value scl = b.binary("divide", b.scalar_like(c, 1), b.select(real_wider, b.binary("add", c, b.binary("multiply", d, rat)),
+                                                             b.binary("add", d, b.binary("multiply", c, rat))));
+  auto mul = [&](Value p, Value q) { return b.binary("multiply", p, q); };
+  Value re = b.select(real_wider, b.binary("add", a, mul(bi, rat)), b.binary("add", mul(a, rat), bi));
+  Value im = b.select(real_wider, b.binary("subtract", bi, mul(a, rat)), b.binary("subtract", mul(bi, rat), a));
+  re = mul(re, scl);
+  im = mul(im, scl);
+  Value both_zero = b.binary("and", b.compare(abs_c, zero, "EQ"), b.compare(abs_d, zero, "EQ"));
+  re = b.select(both_zero, b.binary("divide", a, abs_c), re);
+  im = b.select(both_zero, b.binary("divide", bi, abs_d), im);
+  return b.complex(re, im);
 }
 
 using UnaryFn = std::function<Value(Builder&, Value)>;
@@ -342,7 +364,9 @@ const std::map<std::string, BinaryFn>& binary_table() {
     simple("bitwise_and", "and");
     simple("bitwise_or", "or");
     simple("bitwise_xor", "xor");
-    t["div"] = [](Builder& b, Value x, Value y) { return b.binary("divide", x, y); };
+    t["div"] = [](Builder& b, Value x, Value y) {
+      return ir::is_complex(b.dtype(x)) ? complex_divide(b, x, y) : b.binary("divide", x, y);
+    };
     t["div_trunc"] = [](Builder& b, Value x, Value y) {
       Value q = b.binary("divide", x, y);
       return ir::is_floating(b.dtype(q)) ? unary_table().at("trunc")(b, q) : q;
@@ -627,22 +651,15 @@ std::optional<Value> complex_unary(Builder& b, const std::string& name, Value x)
     r = b.select(b.binary("and", re_ninf, y_bad), b.complex(zero, zero), r);
     return b.select(b.compare(im, zero, "EQ"), b.complex(b.unary("exponential", re), im), r);
   }
+  if (name == "reciprocal") return complex_divide(b, b.scalar_like(x, 1), x);
+  // 1 / sqrt(z), as torch's CPU computes it: C99's square root, then Smith's division.
+  if (name == "rsqrt") return complex_divide(b, b.scalar_like(x, 1), *complex_unary(b, "sqrt", x));
   if (name == "sigmoid") {
     // 1 / (1 + e^-z) as torch's CPU kernel (and numpy) compute it: exp with C99's special values,
-    // then Smith's scaled reciprocal. Where e^-z overflows to inf +- inf i that quotient is NaN
-    // (XLA's logistic and its complex division give the limit, 0, there; the test files compare
-    // with numpy).
+    // then Smith's division. Where e^-z overflows to inf +- inf i that quotient is NaN (XLA's
+    // logistic gives the limit, 0; the test files compare with numpy).
     Value w = b.binary("add", b.scalar_like(x, 1), *complex_unary(b, "exp", b.unary("negate", x)));
-    Value c = b.real(w), d = b.imag(w), zero = b.scalar_like(c, 0), one = b.scalar_like(c, 1);
-    Value real_wider = b.compare(b.unary("abs", c), b.unary("abs", d), "GE");  // false for a NaN
-    Value rat = b.select(real_wider, b.binary("divide", d, c), b.binary("divide", c, d));
-    Value scl = b.binary("divide", one, b.select(real_wider, b.binary("add", c, b.binary("multiply", d, rat)),
-                                                 b.binary("add", d, b.binary("multiply", c, rat))));
-    // (1 + 0i) / w with the products by 0 kept: they carry a NaN ratio into both parts.
-    Value zero_rat = b.binary("multiply", zero, rat);
-    Value re = b.select(real_wider, b.binary("add", one, zero_rat), b.binary("add", rat, zero));
-    Value im = b.select(real_wider, b.binary("subtract", zero, rat), b.binary("subtract", zero_rat, one));
-    return b.complex(b.binary("multiply", re, scl), b.binary("multiply", im, scl));
+    return complex_divide(b, b.scalar_like(x, 1), w);
   }
   if (name == "isnan" || name == "isinf") return either(name);
   if (name == "isfinite") return b.binary("and", b.unary("is_finite", re), b.unary("is_finite", im));

@@ -346,3 +346,18 @@ def test_sigmoid_at_infinities_and_overflow_as_on_cpu(dev: torch.device, dtype: 
     z = torch.tensor([complex(a, b) for a in v for b in v], dtype=dtype)
     z = torch.cat([z, crandn(2000, dtype=dtype) * 300])
     assert_close(torch.sigmoid(z.to(dev)), torch.sigmoid(z), **_tol(dtype, 8))
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
+def test_division_reciprocal_and_rsqrt_at_special_values_as_on_cpu(dev: torch.device, dtype: torch.dtype) -> None:
+    # torch's CPU (and numpy) divide by Smith's algorithm with no recovery of infinities:
+    # 1 / (inf + inf i) is NaN there, and a / 0 is a.real / 0 + a.imag / 0 i; XLA's division
+    # gave C99's limits (0) instead.
+    v = [float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1.0, -3.0, 1e30, -1e-30, 2.5]
+    z = torch.tensor([complex(a, b) for a in v for b in v], dtype=dtype)
+    x, y = z[:, None].expand(len(z), len(z)).flatten(), z[None, :].expand(len(z), len(z)).flatten()
+    x, y = torch.cat([x, crandn(2000, dtype=dtype)]), torch.cat([y, crandn(2000, dtype=dtype)])
+    tol = _tol(dtype, 8)
+    assert_close(x.to(dev) / y.to(dev), x / y, **tol)
+    assert_close(torch.reciprocal(y.to(dev)), torch.reciprocal(y), **tol)
+    assert_close(torch.rsqrt(y.to(dev)), torch.rsqrt(y), **tol)

@@ -375,13 +375,16 @@ def test_i0_and_i0e_across_their_range(dev: torch.device, dtype: torch.dtype) ->
         cpu_ok = finite & cpu.isfinite()
         cpu_err = ((cpu - ref_of_rounded) / ref_of_rounded)[cpu_ok].abs().max().item()
         assert err <= max(2 * cpu_err, 32 * eps), (fn.__name__, err, cpu_err)
-    # I0 is even, infinite at +-inf (i0e: 0 there), NaN at NaN.
-    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0], dtype=dtype)
+    # As torch's CPU and scipy: I0 is NaN at +-inf (i0e: 0 there) and infinite at the largest finite values.
+    big = torch.finfo(dtype).max
+    special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, big, -big], dtype=dtype)
     exact = dict(rtol=0, atol=0, equal_nan=True)
     inf, nan = float("inf"), float("nan")
-    torch.testing.assert_close(torch.i0(special.to(dev)).cpu(), torch.tensor([inf, inf, nan, 1.0], dtype=dtype), **exact)
-    torch.testing.assert_close(torch.special.i0e(special.to(dev)).cpu(), torch.tensor([0.0, 0.0, nan, 1.0], dtype=dtype),
+    torch.testing.assert_close(torch.i0(special.to(dev)).cpu(), torch.tensor([nan, nan, nan, 1.0, inf, inf], dtype=dtype),
                                **exact)
+    i0e = torch.special.i0e(special.to(dev)).cpu()
+    torch.testing.assert_close(i0e[:4], torch.tensor([0.0, 0.0, nan, 1.0], dtype=dtype), **exact)
+    torch.testing.assert_close(i0e[4:], torch.special.i0e(special[4:].double()).to(dtype), rtol=4 * torch.finfo(dtype).eps, atol=0)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

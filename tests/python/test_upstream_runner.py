@@ -144,3 +144,22 @@ def test_jobs_split_a_file_and_a_resumed_run_runs_only_what_is_left(tmp_path: Pa
                            str(tmp_path / "out")], capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "FAILED TestTinyPRIVATEUSE1::test_add_pjrt" in out, out
+
+
+def test_test_ops_runs_only_the_device_classes_the_runner_selects(tmp_path: Path) -> None:
+    # A file named test_ops.py gets the runner's -k selection (TestCommon's device tests,
+    # TestMathBits); each process picks its share after that selection, so the tests it
+    # leaves out are neither run nor counted.
+    ops = FILE.replace("class TestTiny(TestCase):", "class TestCommon(TestCase):").replace(
+        "instantiate_device_type_tests(TestTiny, globals())",
+        "instantiate_device_type_tests(TestCommon, globals())\n\n\nclass TestOther(TestCase):\n"
+        "    def test_out_elsewhere(self, device):\n        self.assertEqual(1, 2)\n\n\n"
+        "instantiate_device_type_tests(TestOther, globals())").replace("def test_add(", "def test_out_add(")
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "test_ops.py").write_text(ops.replace("{known}", "2.0"))
+    (tmp_path / "spec.toml").write_text("")
+    env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), "--jobs", "2"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "test_ops.py: 1 passed, 0 failed, 0 errors, 0 skipped" in out, out

@@ -95,6 +95,7 @@ def _share(items: list[pytest.Item], file: str) -> set[str] | None:
     return set(mine)
 
 
+@pytest.hookimpl(trylast=True)  # after -k has deselected: the share is chosen from what the run selects
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     file = os.path.basename(str(items[0].fspath)) if items else ""
     share = _share(items, file)
