@@ -57,12 +57,15 @@ SPEC = '''["test_tiny.py"]
 
 
 def test_expected_failures_are_counted_and_the_run_passes(tmp_path: Path) -> None:
+    (tmp_path / "report.md").write_text("# an old report\n\n| old table |\n\n## Notes (by hand)\n\nkept.\n")
     code, out = _run(tmp_path, "3.0", SPEC)
     assert code == 0, out
     assert ("test_tiny.py: 1 passed, 0 failed, 0 errors, 1 skipped, 2 expected failures (1 failing on CPU too), "
             "0 unexpected passes: 33.3%, 50.0% without the CPU's own failures") in out, out
     report = (tmp_path / "report.md").read_text()
     assert "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) | 0 | 33.3% | 50.0% |" in report, report
+    # The table is regenerated; a section of notes written by hand stays.
+    assert "old table" not in report and report.endswith("\n## Notes (by hand)\n\nkept.\n"), report
 
 
 def test_an_expected_failure_that_passes_fails_the_run(tmp_path: Path) -> None:
