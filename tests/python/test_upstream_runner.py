@@ -166,3 +166,21 @@ def test_test_ops_runs_only_the_device_classes_the_runner_selects(tmp_path: Path
                           capture_output=True, text=True, env=env, timeout=600)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0 and "test_ops.py: 1 passed, 0 failed, 0 errors, 0 skipped" in out, out
+
+
+def test_a_resumed_rerun_that_dies_is_charged_to_its_test(tmp_path: Path) -> None:
+    # The test failed in the first run; resumed, it runs again and kills its process. Its old
+    # outcome must not stand in for the new one: the crash is charged to it.
+    spec = SPEC.replace('"TestTinyPRIVATEUSE1::test_known_gap_pjrt"', '"TestTinyPRIVATEUSE1::test_other_pjrt"')
+    code, out = _run(tmp_path, "3.0", spec, "--outcomes", str(tmp_path / "out"))
+    assert code == 1 and "FAILED TestTinyPRIVATEUSE1::test_known_gap_pjrt" in out, out
+    (tmp_path / "up" / "test_tiny.py").write_text(FILE.replace("{known}", "3.0").replace(
+        "    def test_known_gap(self, device):\n", "    def test_known_gap(self, device):\n        import os\n"
+        "        os._exit(7)\n"))
+    env = dict(os.environ, TORCH_PJRT_UPSTREAM_SPEC=str(tmp_path / "spec.toml"))
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.tools.upstream", str(tmp_path / "up"), "--outcomes",
+                           str(tmp_path / "out"), "--resume"], capture_output=True, text=True, env=env, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "ERROR TestTinyPRIVATEUSE1::test_known_gap_pjrt: pytest ended with code 7 during this test" in out, out
+    assert "test_tiny.py: 1 passed, 0 failed, 1 errors, 1 skipped, 1 expected failures" in out, out

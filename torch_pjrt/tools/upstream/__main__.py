@@ -144,6 +144,7 @@ def _run_share(path: str, selection: list[str], request: dict[str, object], outc
             json.dump({**request, "answer": answer_path}, f)
         only: str | None = None  # after a crash: the ids left
         todo: list[str] | None = None
+        started = time.time()  # a resumed run's older outcomes (of tests it reruns) do not count
         while True:
             proc = subprocess.Popen(_pytest_cmd(path, [path, *selection]), cwd=os.path.dirname(path),
                                     env=_env(outcomes, request_path, only), stdout=subprocess.PIPE,
@@ -165,7 +166,7 @@ def _run_share(path: str, selection: list[str], request: dict[str, object], outc
                     raise RuntimeError(f"upstream: collecting {path} gave no test ids:\n{output[-3000:]}")
                 todo = answer["mine"]
             done = _read([outcomes]) if os.path.exists(outcomes) else {}
-            missing = [t for t in todo if t not in done]
+            missing = [t for t in todo if t not in done or float(done[t].get("time", 0)) < started]
             share = functools.partial(Share, answer["collected"], answer["wanted"])
             if timed_out:
                 return share([{"test": t, "outcome": "error", "message": "not run (the file's time limit ran out)"}
