@@ -38,6 +38,10 @@ void sparse_on_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (!on_device(t)) return t;
     device = t.device();
     at::Tensor host = t.cpu();
+    // Some CPU kernels save what their backward needs only for inputs that require grad
+    // (_sparse_mm_reduce_impl's argmax indices: without them its backward reads out of
+    // bounds). No graph is recorded here (autograd already ran for the device call).
+    if (t.requires_grad() && (host.is_floating_point() || host.is_complex())) host.requires_grad_(true);
     if (is_written) written.emplace_back(t, host);
     return host;
   };

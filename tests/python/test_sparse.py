@@ -73,3 +73,19 @@ def test_sparse_fallback_can_be_forbidden() -> None:
     s = dense().to(DEV).to_sparse()
     with torch_pjrt.fallback_mode("error"), pytest.raises(NotImplementedError, match="TORCH_PJRT_FALLBACK=error"):
         s + s
+
+
+@pytest.mark.parametrize("reduce", ["sum", "mean", "amax", "amin"])
+def test_sparse_mm_reduce_gradients_match_cpu(reduce: str) -> None:
+    # amax/amin's CPU kernel saves the argmax indices only for inputs that require grad: the
+    # fallback's CPU stand-ins must say so, or the backward reads out of bounds (it crashed).
+    x, w = dense(1), torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    grads = []
+    for device in ("cpu", DEV):
+        s = x.to(device).to_sparse_csr().requires_grad_()
+        wd = w.to(device).requires_grad_()
+        out = torch.sparse.mm(s, wd, reduce)
+        gs, gw = torch.autograd.grad(out.sum(), (s, wd))
+        grads.append((out, gs.to_dense(), gw))
+    for got, expected in zip(grads[1], grads[0]):
+        assert_close(got, expected.detach())
