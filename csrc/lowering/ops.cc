@@ -66,9 +66,10 @@ Value poly(Builder& b, Value x, const std::vector<double>& coeffs) {
 // series sum_k (x^2/4)^k / (k!)^2, above it the asymptotic series exp(x) / sqrt(2 pi x) *
 // sum_k ((2k-1)!!)^2 / (k! (8x)^k); both sum positive terms. Against mpmath, float64 (S = 20,
 // 37 and 23 terms) is within 2e-16 of I0 on each side, and float32 (S = 12, 21 and 18 terms,
-// fewer roundings) within 5e-11. Unscaled, exp(|x|) is applied as two halves, so that I0 stays
-// finite up to where it overflows (|x| ~ 713 in float64), past exp's 709; at +-inf it is NaN, as
-// torch and scipy give it.
+// fewer roundings) within 5e-11. Unscaled, it is exp(|x|) times the scaled value: infinite from
+// where exp overflows (|x| > 88.7 in float32, 709.8 in float64), as on torch's CPU, a little before
+// I0 itself does (kaiser_window's NaNs past there match the CPU's); at +-inf it is NaN, as torch
+// and scipy give it.
 Value bessel_i0(Builder& b, Value x, bool scaled) {
   const bool f64 = b.dtype(x) == DType::F64;
   const double switch_point = f64 ? 20.0 : 12.0;
@@ -95,8 +96,7 @@ Value bessel_i0(Builder& b, Value x, bool scaled) {
   Value scaled_large = b.binary("divide", poly(b, b.binary("divide", c(1), xl), asymptotic_coeffs),
                                 b.binary("multiply", b.unary("sqrt", xl), c(std::sqrt(2 * M_PI))));  // 2 pi x may overflow
   if (scaled) return b.select(is_small, b.binary("multiply", series, b.unary("exponential", b.unary("negate", ax))), scaled_large);
-  Value half = b.unary("exponential", b.binary("multiply", xl, c(0.5)));
-  Value large = b.binary("multiply", half, b.binary("multiply", half, scaled_large));
+  Value large = b.binary("multiply", b.unary("exponential", xl), scaled_large);
   large = b.select(b.compare(ax, c(INFINITY), "EQ"), c(NAN), large);  // torch's (and scipy's) I0(+-inf)
   return b.select(is_small, series, large);
 }

@@ -359,9 +359,10 @@ def test_log_ndtr_keeps_both_tails(dev: torch.device, dtype: torch.dtype) -> Non
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_i0_and_i0e_across_their_range(dev: torch.device, dtype: torch.dtype) -> None:
     # Both sides of the switch between the power series and the asymptotic series, up to where
-    # float64's I0 overflows. The bound: the CPU's own float32 distance to the float64 result
-    # (float64: a few ulps, the CPU's Chebyshev expansion being within about 1e-16).
-    limit = 713.0 if dtype == torch.float64 else 88.0
+    # exp(|x|) overflows (beyond, I0 is infinite as on the CPU). The bound: the CPU's own float32
+    # distance to the float64 result (float64: a few ulps, the CPU's Chebyshev expansion being
+    # within about 1e-16).
+    limit = 709.0 if dtype == torch.float64 else 88.0
     x = torch.cat([torch.linspace(-limit, limit, 20001, dtype=torch.float64),
                    torch.tensor([11.99, 12.0, 12.01, 19.99, 20.0, 20.01], dtype=torch.float64)])
     eps = torch.finfo(dtype).eps
@@ -378,6 +379,9 @@ def test_i0_and_i0e_across_their_range(dev: torch.device, dtype: torch.dtype) ->
     # As torch's CPU and scipy: I0 is NaN at +-inf (i0e: 0 there) and infinite at the largest finite values.
     big = torch.finfo(dtype).max
     special = torch.tensor([float("inf"), float("-inf"), float("nan"), 0.0, big, -big], dtype=dtype)
+    # Infinite exactly where the CPU's is (exp(|x|) overflows a little before I0 does).
+    edge = torch.tensor([88.5, 88.8, 89.5, 90.5] if dtype == torch.float32 else [709.5, 709.9, 711.0, 713.0], dtype=dtype)
+    assert torch.equal(torch.i0(edge.to(dev)).cpu().isinf(), torch.i0(edge).isinf())
     exact = dict(rtol=0, atol=0, equal_nan=True)
     inf, nan = float("inf"), float("nan")
     torch.testing.assert_close(torch.i0(special.to(dev)).cpu(), torch.tensor([nan, nan, nan, 1.0, inf, inf], dtype=dtype),
