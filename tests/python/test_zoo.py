@@ -1,0 +1,267 @@
+"""The architecture zoo (torch_pjrt.tools.zoo): a fixed sample of Hugging Face architectures,
+tiny random configs, forward and backward in strict and fused mode on pjrt, every output and
+gradient within its bound of float64 and no CPU fallback; and unit tests of its parts (the
+config shrinker, the inputs, the judge, the worker pool, the report) that need no device.
+
+The sample runs one worker process per architecture (both modes in it), two at a time,
+started once for the session by the `zoo` fixture for the architectures selected."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # random weights only
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import copy  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+pytest.importorskip("transformers")
+
+from torch_pjrt.tools.zoo import build, catalog, execute, inputs, judge, pool, report, results, shrink  # noqa: E402
+
+# Spread over families, each small and quick to compile. (type: why it is here)
+SAMPLE = {
+    # text, encoders and decoders
+    "bert": "encoder, masked LM",
+    "distilbert": "encoder, masked LM",
+    "electra": "encoder, masked LM",
+    "gpt2": "decoder, causal LM, tied head",
+    "gpt_neox": "parallel attention + MLP, partial rotary",
+    "llama": "RMSNorm, rotary, SwiGLU, grouped KV",
+    "mistral": "sliding-window decoder",
+    "qwen2": "attention biases, grouped KV",
+    "gemma": "scaled embeddings, GeGLU",
+    "phi3": "fused QKV and gate/up projections",
+    "opt": "learned positions, pre-norm",
+    "t5": "encoder-decoder, relative position buckets",
+    "bart": "encoder-decoder, learned positions",
+    # vision
+    "vit": "patch embedding, class token",
+    "deit": "distillation token",
+    "convnext": "depthwise convolutions, LayerNorm over channels",
+    "resnet": "convolutions, BatchNorm in eval",
+    "swin": "shifted windows, relative position bias",
+    "mobilenet_v2": "depthwise separable convolutions, ReLU6",
+    "regnet": "grouped convolutions",
+    # audio
+    "wav2vec2": "conv feature extractor, CTC loss",
+    "hubert": "conv feature extractor, CTC loss",
+    "whisper": "log-mel encoder, seq2seq decoder",
+    # mixture of experts
+    "mixtral": "top-2 routing, grouped expert matmuls",
+    "qwen2_moe": "routed + shared experts",
+    "olmoe": "64-expert routing shrunk to 4",
+    # state space and hybrids
+    "mamba": "selective scan",
+    "mamba2": "chunked state-space duality",
+    # multimodal
+    "clip": "dual encoder",
+    "siglip": "dual encoder, sigmoid",
+    "llava": "vision tower + projector + LM (text-only batch)",
+}
+MODES = ["strict", "fused"]
+TIMEOUT_S = 240.0
+JOBS = 2
+
+
+def _selected_types(session: pytest.Session) -> list[str]:
+    wanted = []
+    for item in session.items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and getattr(item, "originalname", "") == "test_architecture" and \
+                "model_type" in spec.params:
+            wanted.append(spec.params["model_type"])
+    return wanted
+
+
+@pytest.fixture(scope="session")
+def zoo(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, results.Record]:
+    """The selected architectures' records, run once for the session (JOBS workers at a time)."""
+    log_dir = str(tmp_path_factory.mktemp("zoo-logs"))
+    types = _selected_types(request.session)
+    found: dict[str, results.Record] = {}
+
+    def keep(rec: results.Record, finished: int, total: int) -> None:
+        found[rec["type"]] = rec
+        modes = " ".join(f"{m}={v['status']}({v.get('seconds', 0):.0f}s)" for m, v in rec.get("modes", {}).items())
+        print(f"[zoo {finished}/{total}] {rec['type']}: {rec['status']} {modes} {rec.get('seconds', 0):.0f}s",
+              file=sys.stderr, flush=True)
+
+    pool.run_all(types, MODES, TIMEOUT_S, JOBS, keep, log_dir=log_dir)
+    return found
+
+
+@pytest.mark.parametrize("model_type", sorted(SAMPLE))
+def test_architecture(zoo: dict[str, results.Record], model_type: str) -> None:
+    rec = zoo[model_type]
+    assert rec["status"] == results.RAN, f"{model_type} did not run on the CPU: {rec.get('reason')}"
+    problems = {mode: f"{m['status']}: {m.get('detail', '')} {m.get('where', '')}".strip()
+                for mode, m in rec["modes"].items() if m["status"] != judge.PASS}
+    assert not problems, f"{model_type} ({rec['class']}): {json.dumps(problems, indent=1)}"
+    assert set(rec["modes"]) == set(MODES)
+
+
+# ---- unit tests: no device, no subprocess for the model ----
+
+
+def test_catalog_heads_and_sample() -> None:
+    entries = {e.model_type: e for e in catalog.entries()}
+    assert len(entries) > 500
+    assert entries["bert"].head == "masked-lm" and entries["bert"].base_class == "BertModel"
+    assert entries["gpt2"].head == "causal-lm"
+    assert entries["bart"].head == "seq2seq-lm"  # the masked-LM mapping names BART's seq2seq class
+    assert entries["whisper"].model_class == "WhisperForConditionalGeneration"
+    assert entries["wav2vec2"].head == "ctc"
+    types = sorted(entries)
+    picked = catalog.sample(types, 20)
+    assert picked == catalog.sample(types, 20) and len(set(picked)) == 20
+    # Spread: every twentieth of the catalog contributes one.
+    positions = [types.index(t) for t in picked]
+    assert all(b - a >= len(types) // 20 - 1 for a, b in zip(positions, positions[1:]))
+
+
+def test_shrink_llama_is_tiny_and_consistent() -> None:
+    c = shrink.tiny_config("llama")
+    assert c.hidden_size <= shrink.WIDTH and c.num_hidden_layers == shrink.LAYERS
+    assert c.num_attention_heads == shrink.HEADS and c.num_attention_heads % c.num_key_value_heads == 0
+    assert c.head_dim * c.num_attention_heads == c.hidden_size
+    assert c.intermediate_size <= shrink.INTERMEDIATE and c.vocab_size <= shrink.VOCAB
+    assert c.bos_token_id < c.vocab_size and c.eos_token_id < c.vocab_size
+
+
+def test_shrink_keeps_one_layer_of_each_kind() -> None:
+    c = shrink.tiny_config("gemma3").text_config  # 5 sliding : 1 full released
+    assert set(c.layer_types) == {"sliding_attention", "full_attention"}
+    assert len(c.layer_types) == c.num_hidden_layers
+
+
+def test_shrink_sub_configs_and_token_ids() -> None:
+    c = shrink.tiny_config("llava")
+    assert c.text_config.hidden_size <= shrink.WIDTH and c.vision_config.hidden_size <= shrink.WIDTH
+    assert c.text_config.num_hidden_layers <= shrink.LAYERS and c.vision_config.num_hidden_layers <= shrink.LAYERS
+    assert c.vision_config.image_size <= shrink.IMAGE
+    assert 0 <= c.image_token_id < c.text_config.vocab_size  # moved into the small vocabulary
+    b = shrink.tiny_config("bert")
+    assert b.hidden_dropout_prob == 0.0 and b.attention_probs_dropout_prob == 0.0
+
+
+def test_shrink_moe_and_encoder_decoder() -> None:
+    m = shrink.tiny_config("mixtral")
+    assert m.num_local_experts == shrink.EXPERTS and m.num_experts_per_tok == shrink.TOP_K
+    t = shrink.tiny_config("t5")
+    assert t.num_layers <= shrink.LAYERS and t.num_decoder_layers <= shrink.LAYERS and t.d_model <= shrink.WIDTH
+    w = shrink.tiny_config("whisper")
+    assert w.encoder_layers <= shrink.LAYERS and w.decoder_layers <= shrink.LAYERS
+    assert w.max_source_positions == shrink.SOURCE_POSITIONS
+
+
+def test_inputs_avoid_special_ids_and_fit_the_config() -> None:
+    entry = catalog.entry("llava")
+    model, config = build.build(entry)
+    x = inputs.make_inputs(model, config, entry.head, entry.model_type)
+    assert x["input_ids"].shape == (2, 16)
+    assert not torch.isin(x["input_ids"], torch.tensor(sorted(inputs.special_ids(config)))).any()
+    assert "pixel_values" not in x  # text-only batch for a generative head
+    w = catalog.entry("whisper")
+    model, config = build.build(w)
+    x = inputs.make_inputs(model, config, w.head, w.model_type)
+    assert x["input_features"].shape == (2, config.num_mel_bins, 2 * config.max_source_positions)
+    assert x["labels"].shape == x["decoder_input_ids"].shape
+
+
+def _bert_runs() -> tuple[execute.Run, execute.Run]:
+    entry = catalog.entry("bert")
+    model, config = build.build(entry)
+    x = inputs.make_inputs(model, config, entry.head, entry.model_type)
+    m32 = copy.deepcopy(model)
+    m64 = build.float64_copy(model)
+    return execute.run(m32, m32, x), execute.run(m64, m64, inputs.move(x, "cpu", torch.float64))
+
+
+def test_judge_passes_float32_and_catches_a_tampered_gradient() -> None:
+    r32, r64 = _bert_runs()
+    assert judge.verdict(judge.compare(r32, r64, r32), {}).status == judge.PASS
+    name = "bert.encoder.layer.0.attention.self.query.weight"
+    tampered = copy.deepcopy(r32)
+    g = tampered.grads[name]
+    assert g is not None
+    tampered.grads[name] = g * 1.01  # 1% off: far beyond float32 rounding
+    v = judge.verdict(judge.compare(tampered, r64, r32), {})
+    assert v.status == judge.MISMATCH and name in v.detail and v.worst_ratio > 1
+    # An output whose non-finite elements moved.
+    nan_out = copy.deepcopy(r32)
+    nan_out.outputs["logits"] = nan_out.outputs["logits"].clone()
+    nan_out.outputs["logits"][0, 0, 0] = float("nan")
+    v = judge.verdict(judge.compare(nan_out, r64, r32), {})
+    assert v.status == judge.MISMATCH and "non-finite" in v.detail
+    # A missing gradient.
+    missing = copy.deepcopy(r32)
+    missing.grads[name] = None
+    assert judge.verdict(judge.compare(missing, r64, r32), {}).status == judge.MISMATCH
+
+
+def test_verdict_order() -> None:
+    r32, r64 = _bert_runs()
+    ok = judge.compare(r32, r64, r32)
+    assert judge.verdict(ok, {"aten::histc": 2}).status == judge.FALLS_BACK
+    assert judge.verdict(ok, {"aten::histc": 2}).detail == "aten::histc x2"
+    assert judge.verdict(None, {}, "RuntimeError: boom").status == judge.ERROR
+
+
+def test_objective_weights_are_fixed_per_output() -> None:
+    a = execute.weights("logits", torch.zeros(2, 3))
+    assert torch.equal(a, execute.weights("logits", torch.zeros(2, 3)))
+    assert not torch.equal(a, execute.weights("loss", torch.zeros(2, 3)))
+    assert torch.allclose(execute.weights("logits", torch.zeros(2, 3, dtype=torch.float64)).float(), a)
+
+
+def _fake(script: str) -> pool.Command:
+    return lambda model_type, modes: [sys.executable, "-c", script]
+
+
+REFERENCE = json.dumps({"event": "reference", "params": 1, "cpu_seconds": 0.1})
+
+
+def test_pool_records_crash_and_timeout(tmp_path: pytest.TempPathFactory) -> None:
+    crash = _fake(f"import os, signal; print({REFERENCE!r}); print('{{\"event\": \"start\", \"mode\": \"strict\"}}', "
+                  "flush=True); os.kill(os.getpid(), signal.SIGSEGV)")
+    rec = pool.run_one("fake", ["strict", "fused"], 60, log_dir=str(tmp_path), command=crash)
+    assert rec["status"] == results.RAN
+    assert rec["modes"]["strict"]["status"] == judge.CRASH and "SIGSEGV" in rec["modes"]["strict"]["detail"]
+    assert rec["modes"]["fused"]["status"] == judge.CRASH and "not reached" in rec["modes"]["fused"]["detail"]
+    hang = _fake(f"import time; print({REFERENCE!r}, flush=True); time.sleep(60)")
+    rec = pool.run_one("fake", ["strict"], 2, log_dir=str(tmp_path), command=hang)
+    assert rec["modes"]["strict"]["status"] == judge.TIMEOUT and rec["seconds"] < 30
+    cpu_crash = _fake("import os; os.abort()")
+    rec = pool.run_one("fake", ["strict"], 60, log_dir=str(tmp_path), command=cpu_crash)
+    assert rec["status"] == judge.CPU_FAILS  # died before its CPU reference: excluded, not charged to pjrt
+
+
+def test_results_resume_and_report(tmp_path: pytest.TempPathFactory) -> None:
+    path = os.path.join(str(tmp_path), "r.jsonl")
+    write = results.Writer(path)
+    ok = {"type": "a", "class": "A", "head": "causal-lm", "status": "ran", "seconds": 3,
+          "modes": {"strict": {"status": "pass", "worst_ratio": 0.1, "worst_at": "grad:w", "compile_seconds": 1.0},
+                    "fused": {"status": "error", "detail": "RuntimeError: histc: input 12 bad", "fallbacks": {},
+                              "compile_seconds": 75.0}}}
+    write(ok)
+    write({"type": "b", "class": "B", "status": "cpu-fails", "reason": "build: ImportError: timm"})
+    with open(path, "a") as f:
+        f.write('{"type": "c", "trunc')  # a killed run's last line
+    loaded = results.load(path)
+    assert set(loaded) == {"a", "b"}
+    assert results.complete(loaded["a"], ["strict", "fused"], frozenset({"causal-lm"}))
+    assert not results.complete(loaded["a"], ["strict", "fused", "compiled"], frozenset({"causal-lm"}))
+    assert results.complete(loaded["b"], ["strict"], frozenset())
+    env = report.Environment("python -m torch_pjrt.tools.zoo --only a,b", "today", {"torch": "x"})
+    text = report.render(loaded, env, 2, 2, path)
+    assert "| strict | 1 | 1 | 0 | 0 | 0 | 0 | 0 | 100.0% |" in text
+    assert "| fused | 1 | 0 | 0 | 1 | 0 | 0 | 0 | 0.0% |" in text
+    assert "- a (fused): 75 s" in text  # compile-time outlier
+    assert "ImportError: timm" in text
+    assert "histc: input # bad" in text  # failures grouped by their normalized message
