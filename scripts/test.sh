@@ -28,15 +28,20 @@ fi
 # pip install / pip wheel --no-build-isolation into new venvs that hold torch.
 section "Packaging"
 bash scripts/test_packaging.sh
-UPSTREAM="${TORCH_PJRT_UPSTREAM_DIR:-../shared/upstream}"
-if [ -d "$UPSTREAM" ]; then
+# TORCH_PJRT_UPSTREAM_DIR: directories of PyTorch's test files, separated by ':'.
+IFS=: read -ra WANTED <<< "${TORCH_PJRT_UPSTREAM_DIR:-../shared/upstream:../shared/upstream-next}"
+UPSTREAM=()
+for d in "${WANTED[@]}"; do
+  if [ -d "$d" ]; then UPSTREAM+=("$d"); else
+    section "PyTorch's own test files from $d: NOT RUN, no such directory (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
+  fi
+done
+if [ ${#UPSTREAM[@]} -gt 0 ]; then
   # A fixed, evenly spread sample of each file plus every test the spec names: a new
   # failure or an expected failure that starts passing turns this red. The full run is
   # scripts/upstream.sh.
-  section "PyTorch's own test files (slice; from $UPSTREAM)"
-  .venv/bin/python -m torch_pjrt.tools.upstream "$UPSTREAM" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" --jobs 2
-else
-  section "PyTorch's own test files: NOT RUN, no directory $UPSTREAM (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
+  section "PyTorch's own test files (slice; from ${UPSTREAM[*]})"
+  .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" --jobs 2
 fi
 section "Python tests, strict eager"
 TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python

@@ -28,6 +28,23 @@ inline at::ScalarType out_dtype(const char* op, at::ScalarType result, const at:
   return out.scalar_type();
 }
 
+// ATen's checks of scatter's arguments (scatter, scatter_add, scatter_reduce), in its order
+// and wording; an empty index passes every shape check. `src` is null for the value overloads.
+inline void check_scatter(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src) {
+  TORCH_CHECK(!src || self.scalar_type() == src->scalar_type(), name, "(): Expected self.dtype to be equal to src.dtype");
+  if (index.numel() == 0) return;
+  auto rank = [](const at::Tensor& t) { return std::max<int64_t>(t.dim(), 1); };
+  auto size = [](const at::Tensor& t, int64_t k) { return t.dim() == 0 ? int64_t{1} : t.size(k); };
+  TORCH_CHECK(rank(self) == rank(index), name, "(): Index tensor must have the same number of dimensions as self tensor");
+  TORCH_CHECK(!src || rank(*src) == rank(index), name, "(): Index tensor must have the same number of dimensions as src tensor");
+  int64_t d = at::maybe_wrap_dim(dim, rank(self));
+  for (int64_t k = 0; k < index.dim(); ++k) {
+    TORCH_CHECK((k == d || index.size(k) <= size(self, k)) && (!src || index.size(k) <= size(*src, k)), name,
+                "(): Expected index ", index.sizes(), " to be no larger than self ", self.sizes(), " apart from dimension ", d,
+                src ? " and to be no larger than src " : "", src ? src->sizes() : c10::IntArrayRef());
+  }
+}
+
 // Finishes an op: a fresh result (in `format`: pointwise, convolution, pooling
 // and normalization kernels pass op.suggested_layout, the rest are contiguous
 // as on CPU), or a write into `into` (in-place / out=).

@@ -1223,23 +1223,6 @@ at::Tensor& gather_out(const at::Tensor& s, int64_t d, const at::Tensor& i, bool
   return o;
 }
 
-// ATen's checks of scatter's arguments, in its order and wording (callers match it); `src`
-// is null for the value overloads.
-void check_scatter(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor* src) {
-  TORCH_CHECK(!src || self.scalar_type() == src->scalar_type(), name, "(): Expected self.dtype to be equal to src.dtype");
-  if (index.numel() == 0) return;
-  auto rank = [](const at::Tensor& t) { return std::max<int64_t>(t.dim(), 1); };
-  auto size = [](const at::Tensor& t, int64_t k) { return t.dim() == 0 ? int64_t{1} : t.size(k); };
-  TORCH_CHECK(rank(self) == rank(index), name, "(): Index tensor must have the same number of dimensions as self tensor");
-  TORCH_CHECK(!src || rank(*src) == rank(index), name, "(): Index tensor must have the same number of dimensions as src tensor");
-  int64_t d = at::maybe_wrap_dim(dim, rank(self));
-  for (int64_t k = 0; k < index.dim(); ++k) {
-    TORCH_CHECK((k == d || index.size(k) <= size(self, k)) && (!src || index.size(k) <= size(*src, k)), name,
-                "(): Expected index ", index.sizes(), " to be no larger than self ", self.sizes(), " apart from dimension ", d,
-                src ? " and to be no larger than src " : "", src ? src->sizes() : c10::IntArrayRef());
-  }
-}
-
 at::Tensor scatter_impl(const at::Tensor& self, int64_t dim, const at::Tensor& index, const at::Tensor& src,
                         const std::string& reduce, const at::Tensor* into, bool src_is_value = false) {
   check_scatter(reduce == "add" ? "scatter_add" : "scatter", self, dim, index, src_is_value ? nullptr : &src);
@@ -1382,21 +1365,23 @@ bool indexing_is_empty(const IndexPlan& p) {
   return false;
 }
 
+// The shape of self[idx] when it has no elements, from the meta device (no program with
+// zero-size slices).
+std::vector<int64_t> empty_indexing_shape(const at::Tensor& self, const std::vector<at::Tensor>& idx) {
+  c10::List<std::optional<at::Tensor>> meta;
+  for (const at::Tensor& i : idx) {
+    meta.push_back(i.defined() ? std::optional<at::Tensor>(at::empty(i.sizes(), i.options().device(at::kMeta)))
+                               : std::optional<at::Tensor>());
+  }
+  return vec(at::index(at::empty(self.sizes(), self.options().device(at::kMeta)), meta).sizes());
+}
+
 at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   std::vector<at::Tensor> idx = expand_index_list(self, indices);
   IndexPlan p = plan_index(self, idx);
   TORCH_CHECK_INDEX(!p.index.empty(), "index: at least one index must be a tensor");
   check_indexing_empty_dims(p);
-  if (indexing_is_empty(p)) {
-    // Nothing to read: the result's shape from the meta device (no program with zero-size slices).
-    c10::List<std::optional<at::Tensor>> meta;
-    for (const at::Tensor& i : idx) {
-      meta.push_back(i.defined() ? std::optional<at::Tensor>(at::empty(i.sizes(), i.options().device(at::kMeta)))
-                                 : std::optional<at::Tensor>());
-    }
-    at::Tensor shape = at::index(at::empty(self.sizes(), self.options().device(at::kMeta)), meta);
-    return at::empty(shape.sizes(), self.options());
-  }
+  if (indexing_is_empty(p)) return at::empty(empty_indexing_shape(self, idx), self.options());
   OpBuilder op("aten::index");
   std::vector<Value> vs;
   for (size_t k = 0; k < p.index.size(); ++k) {
@@ -1428,16 +1413,22 @@ at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Te
 
 at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices,
                            const at::Tensor& values, bool accumulate, bool unsafe) {
+  std::vector<at::Tensor> idx = expand_index_list(self, indices);  // checks masks' shapes first, as CPU does
   if (!accumulate && indices.size() == 1 && indices.get(0).has_value() && indices.get(0)->scalar_type() == at::kByte &&
       values.numel() == 1) {
     // CPU turns this form into masked_fill_, which refuses uint8 masks.
     TORCH_CHECK(false, "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char");
   }
-  std::vector<at::Tensor> idx = expand_index_list(self, indices);
   IndexPlan p = plan_index(self, idx);
   TORCH_CHECK_INDEX(!p.index.empty(), "index_put_: at least one index must be a tensor");
   check_indexing_empty_dims(p);
-  if (indexing_is_empty(p)) return self;
+  if (indexing_is_empty(p)) {
+    // Nothing is written, but the values must still fit the (empty) result, as on CPU.
+    std::vector<int64_t> shape = empty_indexing_shape(self, idx);
+    TORCH_CHECK(at::is_expandable_to(values.sizes(), shape), "shape mismatch: value tensor of shape ", values.sizes(),
+                " cannot be broadcast to indexing result of shape ", c10::IntArrayRef(shape));
+    return self;
+  }
   TORCH_CHECK(values.scalar_type() == self.scalar_type() || values.dim() == 0,
               "Index put requires the source and destination dtypes match, got ", self.scalar_type(),
               " for the destination and ", values.scalar_type(), " for the source.");

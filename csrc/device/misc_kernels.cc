@@ -47,6 +47,13 @@ void check_index_dtype(const char* name, const at::Tensor& index) {
 at::Tensor index_update(const char* name, const at::Tensor& self, int64_t dim, const at::Tensor& index,
                         const std::function<Value(OpBuilder&, Value self_value, const std::vector<int64_t>& rows_shape)>& values,
                         bool accumulate, const at::Tensor* into) {
+  // ATen's index_copy and index_fill take int64 indices only (on every device), index_add int32 too.
+  if (std::strcmp(name, "index_copy") == 0) {
+    TORCH_CHECK(index.scalar_type() == at::kLong, "index_copy_(): Expected a long tensor for index, but got ",
+                index.scalar_type());
+  } else if (std::strcmp(name, "index_fill") == 0) {
+    TORCH_CHECK_INDEX(index.scalar_type() == at::kLong, "index_fill_(): Expected dtype int64 for index.");
+  }
   check_index_dtype(name, index);
   int64_t rank = std::max<int64_t>(self.dim(), 1);
   int64_t d = at::maybe_wrap_dim(dim, rank);
@@ -227,24 +234,28 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
                                c10::string_view reduce, bool include_self, const at::Tensor* into) {
   TORCH_CHECK(reduce == "sum" || reduce == "prod" || reduce == "mean" || reduce == "amax" || reduce == "amin",
               "reduce argument must be either sum, prod, mean, amax or amin, got ", reduce);
-  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, "scatter_reduce(): Expected dtype int32/int64 for index");
-  TORCH_CHECK(self.scalar_type() == src.scalar_type(), "scatter_reduce(): Expected self.dtype to be equal to src.dtype");
+  check_scatter("scatter_reduce", self, dim, index, &src);
+  TORCH_CHECK(!self.is_complex() || (reduce != "amax" && reduce != "amin"), "scatter_reduce(): reduce=\"", reduce,
+              "\" is not implemented for complex tensors (", self.scalar_type(), "): complex numbers are not ordered");
+  if (index.numel() == 0) {
+    // ATen's rule: an empty index (any shape or dtype) scatters nothing; self unchanged.
+    if (!into) return self.clone();
+    if (!into->is_same(self)) into->copy_(self);
+    return *into;
+  }
+  TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt,
+              "scatter_reduce(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   int64_t size = self.dim() == 0 ? 1 : self.size(d);
   OpBuilder op("aten::scatter_reduce");
   auto& b = op.b();
   Value x = op.input(self), idx = op.input(index), s = op.input(src);
   if (self.dim() == 0) {
-    // A 0-d self is a 1-element vector; its index and source must be (at most) one element too.
-    TORCH_CHECK(index.numel() <= 1 && src.numel() >= index.numel(), "scatter_reduce(): index ", index.sizes(),
-                " does not fit a 0-d self");
+    // A 0-d self is a 1-element vector; its index and source are (at most) one element too.
     x = b.reshape(x, {1});
     idx = b.reshape(idx, {index.numel()});
     s = b.reshape(b.slice(b.reshape(s, {src.numel()}), {0}, {index.numel()}, {1}), {index.numel()});
-  } else {
-    TORCH_CHECK(index.dim() == self.dim(), "scatter_reduce(): Index tensor must have the same number of dimensions as self tensor");
   }
-  if (index.numel() == 0) return finish(op, x, self.scalar_type(), into);
   op.check_flag(L::index_out_of_range(b, idx, size), "index out of range in aten::scatter_reduce (size " + std::to_string(size) + ")");
   DType dt = b.dtype(x);
   std::string r(reduce);
@@ -260,10 +271,13 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
   }
   Value out = L::scatter(b, base, d, idx, s, r == "mean" ? "add" : r);
   if (r == "mean") {
-    Value ones = b.constant(dt, 1, b.dims(idx));
-    Value count = L::scatter(b, b.constant(dt, include_self ? 1 : 0, b.dims(x)), d, idx, ones, "add");
-    count = b.binary("maximum", count, b.scalar_like(count, 1));
-    out = ir::is_floating(dt) ? b.binary("divide", out, count) : L::binary(b, "div_floor", out, count, dt, dt);
+    // Counted in a real type (XLA has no maximum of complex numbers), then divided as self's dtype.
+    DType count_type = ir::is_complex(dt) ? ir::component_type(dt) : dt;
+    Value ones = b.constant(count_type, 1, b.dims(idx));
+    Value count = L::scatter(b, b.constant(count_type, include_self ? 1 : 0, b.dims(x)), d, idx, ones, "add");
+    count = b.convert(b.binary("maximum", count, b.scalar_like(count, 1)), dt);
+    out = ir::is_floating(dt) || ir::is_complex(dt) ? b.binary("divide", out, count)
+                                                    : L::binary(b, "div_floor", out, count, dt, dt);
   }
   if (self.dim() == 0) out = b.reshape(out, {});
   return finish(op, out, self.scalar_type(), into);
@@ -1185,15 +1199,24 @@ at::Tensor multinomial_fn(const at::Tensor& self, int64_t n, bool replacement, s
 
 // ---------------------------------------------------------------- histc
 
+// Integer inputs are counted as CUDA's histc counts them (transformers' MoE routing
+// calls histc on int32 expert ids on every device but the CPU): bounds truncated to
+// integers, the bin by integer division, counts in the input's dtype.
 at::Tensor histc_fn(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max) {
   TORCH_CHECK(bins > 0, "torch.histc: bins must be > 0, but got ", bins);
-  TORCH_CHECK(at::isFloatingType(self.scalar_type()), "torch.histc: input tensor must be floating point, got ", self.scalar_type());
-  double lo = min.toDouble(), hi = max.toDouble();
+  const at::ScalarType dtype = self.scalar_type();
+  const bool integral = at::isIntegralType(dtype, /*includeBool=*/false);
+  TORCH_CHECK(at::isFloatingType(dtype) || integral, "torch.histc: input tensor must be floating point or integer, got ",
+              dtype);
+  double lo = integral ? static_cast<double>(min.toLong()) : min.toDouble();
+  double hi = integral ? static_cast<double>(max.toLong()) : max.toDouble();
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi, "] is not finite");
   TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
   OpBuilder op("aten::histc");
   auto& b = op.b();
   int64_t n = self.numel();
-  Value x = b.convert(b.reshape(op.input(self), {n}), DType::F64);
+  const DType work = integral ? DType::S64 : DType::F64;
+  Value x = b.convert(b.reshape(op.input(self), {n}), work);
   Value vlo, vhi;
   if (lo == hi && n > 0) {
     // Range from the data; a constant tensor widens by 1 on each side.
@@ -1203,17 +1226,20 @@ at::Tensor histc_fn(const at::Tensor& self, int64_t bins, const at::Scalar& min,
     vlo = b.select(same, b.binary("subtract", vlo, b.scalar_like(vlo, 1)), vlo);
     vhi = b.select(same, b.binary("add", vhi, b.scalar_like(vhi, 1)), vhi);
   } else {
-    vlo = b.constant(DType::F64, lo == hi ? lo - 1 : lo);
-    vhi = b.constant(DType::F64, lo == hi ? hi + 1 : hi);
+    vlo = b.constant(work, lo == hi ? lo - 1 : lo);
+    vhi = b.constant(work, lo == hi ? hi + 1 : hi);
   }
   Value lo_b = b.broadcast_to(vlo, {n}), hi_b = b.broadcast_to(vhi, {n});
   Value inside = b.binary("and", b.compare(x, lo_b, "GE"), b.compare(x, hi_b, "LE"));
-  Value pos = b.unary("floor", b.binary("divide", b.binary("multiply", b.binary("subtract", x, lo_b), b.constant(DType::F64, static_cast<double>(bins), {n})),
-                                        b.binary("subtract", hi_b, lo_b)));
+  // (x - lo) * bins / (hi - lo): exact integer division for integers (x >= lo inside, so it
+  // truncates as floor does), floor of the float64 quotient otherwise.
+  Value scaled = b.binary("multiply", b.binary("subtract", x, lo_b), b.constant(work, static_cast<double>(bins), {n}));
+  Value pos = b.binary("divide", scaled, b.binary("subtract", hi_b, lo_b));
+  if (!integral) pos = b.unary("floor", pos);
   Value bin = b.clamp(b.constant_int(DType::S64, 0, {n}), b.convert(pos, DType::S64), b.constant_int(DType::S64, bins - 1, {n}));
-  Value ones = b.convert(inside, DType::F64);
-  Value hist = L::scatter(b, b.constant(DType::F64, 0, {bins}), 0, bin, ones, "add");
-  return finish(op, b.convert(hist, to_ir(self.scalar_type())), self.scalar_type(), nullptr);
+  Value ones = b.convert(inside, work);
+  Value hist = L::scatter(b, b.constant(work, 0, {bins}), 0, bin, ones, "add");
+  return finish(op, b.convert(hist, to_ir(dtype)), dtype, nullptr);
 }
 at::Tensor& histc_out(const at::Tensor& self, int64_t bins, const at::Scalar& min, const at::Scalar& max, at::Tensor& out) {
   return write_out("histc", histc_fn(self, bins, min, max), out);

@@ -302,6 +302,10 @@ Value Builder::binary(const std::string& op, Value a, Value b) {
   // splat constants of an empty shape element by element: 0 / 0 raised SIGFPE.
   if (type(a).numel() == 0) return constant(dtype(a), 0, dims(a));
   std::string name = op.find('.') != std::string::npos ? op : "stablehlo." + op;
+  // Complex numbers have no order; the CPU plugin's compiler crashed (SIGSEGV) on it.
+  if (is_complex(dtype(a)) && (name == "stablehlo.maximum" || name == "stablehlo.minimum")) {
+    throw std::invalid_argument("ir: " + op + " of complex values (complex numbers are not ordered)");
+  }
   return g_.add(name, {a, b}, type(a));
 }
 

@@ -54,3 +54,15 @@ TEST(IR, BroadcastShapes) {
   EXPECT_EQ(ir::broadcast_shapes({3, 1}, {4}), (std::vector<int64_t>{3, 4}));
   EXPECT_THROW(ir::broadcast_shapes({3}, {4}), std::invalid_argument);
 }
+
+TEST(IR, ComplexValuesHaveNoMaximum) {
+  // The CPU plugin's compiler crashed on stablehlo.maximum of complex values (a complex
+  // scatter_reduce "mean" counted in the complex dtype): the builder refuses it instead.
+  ir::Graph g;
+  ir::Builder b(g);
+  auto z = g.param({ir::DType::C64, {3}});
+  EXPECT_THROW(b.binary("maximum", z, z), std::invalid_argument);
+  EXPECT_THROW(b.binary("minimum", z, z), std::invalid_argument);
+  auto x = g.param({ir::DType::F32, {3}});
+  EXPECT_NO_THROW(b.binary("maximum", x, x));
+}

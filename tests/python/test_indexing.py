@@ -55,8 +55,15 @@ def _raises_like_cpu(dev: torch.device, fn) -> None:
     lambda d: arange(5).to(d).__setitem__(torch.tensor([1, 0, 1, 0, 1], dtype=torch.uint8, device=d), 0.0),
     lambda d: torch.zeros(5, 3, device=d).index_copy_(0, torch.tensor([0, 1], device=d), arange(3, 3).to(d)),
     lambda d: torch.zeros(5, 3, device=d).index_add_(0, torch.tensor([0, 1], device=d), arange(3, 3).to(d)),
+    lambda d: torch.zeros(5, 3, device=d).index_copy_(0, torch.tensor([0, 1], dtype=torch.int32, device=d), arange(2, 3).to(d)),
+    lambda d: torch.zeros(5, 3, device=d).index_fill_(0, torch.tensor([], dtype=torch.int32, device=d), 1.0),
+    lambda d: torch.zeros(4, 5, device=d).index_put_((torch.tensor([], dtype=torch.long, device=d),),
+                                                     torch.ones(0, device=d), accumulate=True),
+    lambda d: torch.zeros(4, 5, device=d).index_put_((torch.zeros(4, dtype=torch.bool, device=d),), torch.ones(0, device=d)),
+    lambda d: torch.zeros(4, 5, device=d).index_put_((torch.tensor([], dtype=torch.uint8, device=d),), torch.tensor(1.0)),
 ], ids=["mask-shape", "2d-mask-shape", "index-empty-dim", "list-empty-dim", "uint8-mask-fill", "index-copy-count",
-        "index-add-count"])
+        "index-add-count", "index-copy-int32", "index-fill-int32-empty", "empty-index-put-values-shape",
+        "false-mask-values-shape", "empty-uint8-mask-shape"])
 def test_errors_match_cpu(dev: torch.device, case) -> None:
     _raises_like_cpu(dev, case)
 
@@ -74,3 +81,42 @@ def test_uint8_masks_warn_like_cpu(dev: torch.device) -> None:
         return [str(w.message).split(" (Triggered")[0] for w in ws if "uint8" in str(w.message)]
 
     assert messages(dev_w) == messages(cpu_w) and messages(dev_w)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("index_shape", [(0,), (0, 5), (4, 0), (1, 0)], ids=str)
+@pytest.mark.parametrize("self_shape", [(4, 5), (3,), ()], ids=str)
+def test_scatter_reduce_with_an_empty_index_leaves_self_as_cpu_does(dev: torch.device, reduce: str, index_shape,
+                                                                     self_shape) -> None:
+    # ATen's rule: an empty index passes every shape check and scatters nothing. The rank
+    # check used to come first on pjrt ("Index tensor must have the same number of dimensions").
+    def run(d: torch.device) -> torch.Tensor:
+        x = torch.arange(float(torch.Size(self_shape).numel())).reshape(self_shape).to(d)
+        return x.scatter_reduce_(-1 if self_shape else 0, torch.zeros(index_shape, dtype=torch.long, device=d),
+                                 torch.ones(3, 3, device=d), reduce)
+
+    ref, out = run(torch.device("cpu")), run(dev)
+    assert out.device.type == dev.type
+    assert_close(out, ref)
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean"])
+def test_complex_scatter_reduce_matches_cpu(dev: torch.device, reduce: str) -> None:
+    # "mean" on complex64 killed the process (SIGSEGV): its count was taken with a maximum of
+    # complex values, which XLA's CPU compiler crashed on.
+    g = torch.Generator().manual_seed(0)
+    idx = torch.tensor([[0, 1], [2, 3], [4, 0], [1, 1]])
+    src = torch.randn(6, 7, dtype=torch.complex64, generator=g)
+    ref = torch.ones(4, 5, dtype=torch.complex128).scatter_reduce_(1, idx, src.to(torch.complex128), reduce=reduce)
+    out = torch.ones(4, 5, dtype=torch.complex64, device=dev).scatter_reduce_(1, idx.to(dev), src.to(dev), reduce=reduce)
+    # At most two float32 roundings per element (one multiply or add, one divide).
+    torch.testing.assert_close(out.cpu().to(torch.complex128), ref, rtol=4 * torch.finfo(torch.float32).eps, atol=0)
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_complex_scatter_reduce_amax_is_refused_as_on_cpu(dev: torch.device, reduce: str) -> None:
+    idx = torch.tensor([[0, 1]])
+    for d in (torch.device("cpu"), dev):
+        with pytest.raises(RuntimeError, match="ComplexFloat"):
+            torch.ones(1, 5, dtype=torch.complex64, device=d).scatter_reduce_(
+                1, idx.to(d), torch.ones(1, 2, dtype=torch.complex64, device=d), reduce=reduce)

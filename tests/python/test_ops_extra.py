@@ -236,3 +236,35 @@ def test_floor_division_is_exact_at_integer_boundaries(dtype: torch.dtype) -> No
     check(lambda a, b: torch.floor_divide(a, b), x, y, grad=False)
     out = torch.div(x.to(DEV), y.to(DEV), rounding_mode="floor").cpu()
     assert torch.equal(torch.signbit(out), torch.signbit(torch.div(x, y, rounding_mode="floor")))  # signed zeros
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.int16])
+@pytest.mark.parametrize("bins,lo,hi", [(4, 0, 3), (4, 0, 4), (3, 0, 0), (5, 1, 6), (8, 0, 8), (3, 2.7, 5.9)])
+def test_integer_histc_counts_as_cuda_does(dev: torch.device, dtype: torch.dtype, bins: int, lo: float, hi: float) -> None:
+    # transformers' MoE routing calls histc on integer expert ids on every device but the CPU
+    # (the CPU kernel takes floats only). CUDA's kernel counts integers with integer arithmetic:
+    # bounds truncated to integers, bin = (x - lo) * bins // (hi - lo), the last bin closed, the
+    # counts in the input's dtype. The reference here is that rule written out in Python.
+    g = torch.Generator().manual_seed(bins)
+    x = torch.randint(0, 10, (50,), generator=g).to(dtype)
+    ilo, ihi = int(lo), int(hi)
+    if ilo == ihi:
+        ilo, ihi = int(x.min()), int(x.max())
+        if ilo == ihi:
+            ilo, ihi = ilo - 1, ihi + 1
+    expected = [0] * bins
+    for v in x.tolist():
+        if ilo <= v <= ihi:
+            expected[min((v - ilo) * bins // (ihi - ilo), bins - 1)] += 1
+    out = torch.histc(x.to(dev), bins=bins, min=lo, max=hi)
+    assert out.dtype == dtype and out.device.type == dev.type
+    assert out.cpu().tolist() == expected
+    # Where the bounds are whole numbers, the float histogram of the same values agrees.
+    if float(lo).is_integer() and float(hi).is_integer():
+        assert out.cpu().tolist() == torch.histc(x.float(), bins=bins, min=lo, max=hi).to(torch.int64).tolist()
+
+
+def test_histc_refuses_bool_and_complex(dev: torch.device) -> None:
+    for dtype in (torch.bool, torch.complex64):
+        with pytest.raises(RuntimeError, match="histc"):
+            torch.histc(torch.zeros(3, dtype=dtype, device=dev), bins=2, min=0, max=1)

@@ -1,7 +1,7 @@
-"""python -m torch_pjrt.tools.upstream DIR [--files F,...] [--sample N | --sample F=N,...] [--report FILE]
+"""python -m torch_pjrt.tools.upstream DIR [DIR ...] [--files F,...] [--sample N | --sample F=N,...] [--report FILE]
 
-Runs PyTorch's device-generic test files from DIR on pjrt, one pytest process per
-file, and prints per file: passed, failed, errors, skipped, expected failures (the
+Runs PyTorch's device-generic test files from each DIR on pjrt (a file name found in
+several directories is taken from the first), one pytest process per file, and prints per file: passed, failed, errors, skipped, expected failures (the
 spec's), unexpected passes, and the share of non-skipped tests passing. Exits 1 on
 any failure, error or unexpected pass: the spec lists every known failure.
 
@@ -259,9 +259,20 @@ def _sample_size(option: str | None, file: str) -> int | None:
     return int(sizes[file]) if file in sizes else None
 
 
+def test_files(directories: list[str]) -> dict[str, str]:
+    """Every test_*.py of the directories by name, its path from the first directory that has it."""
+    found: dict[str, str] = {}
+    for directory in directories:
+        for name in sorted(os.listdir(directory)):
+            if name.startswith("test_") and name.endswith(".py"):
+                found.setdefault(name, os.path.join(os.path.abspath(directory), name))
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("directory", help="a directory of PyTorch test files (e.g. ../shared/upstream)")
+    parser.add_argument("directories", nargs="+", metavar="directory",
+                        help="directories of PyTorch test files (e.g. ../shared/upstream ../shared/upstream-next)")
     parser.add_argument("--files", help="comma-separated file names (default: every test_*.py there)")
     parser.add_argument("--sample", help="N: tests per file, evenly spread, plus every expected failure; "
                         "F=N,...: sample only those files")
@@ -273,13 +284,16 @@ def main() -> None:
                         "outcome there yet or failed (a long run continued later); the report counts them all")
     parser.add_argument("--report", help="write a Markdown report here")
     args = parser.parse_args()
-    names = args.files.split(",") if args.files else sorted(
-        f for f in os.listdir(args.directory) if f.startswith("test_") and f.endswith(".py"))
+    found = test_files(args.directories)
+    names = args.files.split(",") if args.files else sorted(found)
+    unknown = [n for n in names if n not in found]
+    if unknown:
+        parser.error(f"no {', '.join(unknown)} in {' or '.join(args.directories)}")
+    if args.resume and not args.outcomes:
+        parser.error("--resume needs --outcomes")
     results = []
     for name in names:
-        if args.resume and not args.outcomes:
-            parser.error("--resume needs --outcomes")
-        result = run_file(os.path.join(os.path.abspath(args.directory), name), _sample_size(args.sample, name),
+        result = run_file(found[name], _sample_size(args.sample, name),
                           args.timeout, args.jobs, args.outcomes, args.resume)
         results.append(result)
         c = result.counts

@@ -1,7 +1,7 @@
 """pytest plugin loaded into each upstream file's run (``-p torch_pjrt.tools.upstream.plugin``).
 
 - Supplies the names some upstream files import from where torch 2.13 no longer has
-  them, and numpy 1's ``msort`` (a reference numpy 2 removed), without editing the files.
+  them (test_ops' skip/xfail/skipOps, test_binary_ufuncs' binary_ufuncs_and_refs), and numpy 1's ``msort`` (a reference numpy 2 removed), without editing the files.
 - Picks the tests this process runs from its own collection: the runner's sample, a
   resumed run's remainder, one job's share (see _share).
 - Marks the spec's entries for this file: ``fail`` as a strict xfail (a pass is an
@@ -36,6 +36,10 @@ def _supply_moved_names() -> None:
     for name in ("skip", "xfail"):
         if not hasattr(cmi, name):
             setattr(cmi, name, getattr(cdt, name))
+    # test_binary_ufuncs.py imports binary_ufuncs_and_refs; torch 2.13's binary_ufuncs is
+    # taken from op_db and python_ref_db together, so it is the same list.
+    if not hasattr(cmi, "binary_ufuncs_and_refs"):
+        cmi.binary_ufuncs_and_refs = tuple(cmi.binary_ufuncs)
     if not hasattr(cmi, "skipOps"):
         def skip_ops(*args: Any) -> Any:
             return cdt.skipOps(args[-1])
