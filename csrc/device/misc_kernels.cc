@@ -1,6 +1,7 @@
 // Native kernels for indexing updates (index_add/copy/fill, masked_scatter,
 // take/put, scatter_reduce, searchsorted), extra reductions, factories,
 // small linear algebra, random distributions and embedding_bag.
+#include <ATen/Dispatch_v2.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
 #include <ATen/native/TypeProperties.h>
@@ -1006,43 +1007,77 @@ at::Tensor& eye_out(int64_t n, int64_t m, at::Tensor& out) {
 }
 at::Tensor& eye_n_out(int64_t n, at::Tensor& out) { return eye_out(n, n, out); }
 
-// linspace in f64 (or f32) arithmetic, symmetric from both ends like torch.
-Value linspace_values(OpBuilder& op, const at::Scalar& start, const at::Scalar& end, int64_t steps, DType acc) {
+// linspace's points as ATen's CPU kernel computes them: start and end converted to the
+// result's dtype first (overflow refused), the step and each point in that dtype's
+// arithmetic (double for integers, then truncated), from the start for the first half and
+// from the end for the second. Complex dtypes likewise in complex arithmetic.
+struct LinspaceEnds {
+  at::Scalar start, end, step;
+  at::ScalarType arithmetic;  // the dtype the points are computed in
+};
+LinspaceEnds linspace_ends(const at::Scalar& start, const at::Scalar& end, int64_t steps,
+                           at::ScalarType dtype) {
+  LinspaceEnds r;
+  AT_DISPATCH_V2(dtype, "linspace", AT_WRAP([&] {
+    using step_t = std::conditional_t<std::is_integral_v<scalar_t>, double, scalar_t>;
+    const scalar_t s = start.to<scalar_t>();
+    const scalar_t e = end.to<scalar_t>();
+    const step_t step = (static_cast<step_t>(e) - static_cast<step_t>(s)) / (steps - 1);
+    r = {at::Scalar(static_cast<step_t>(s)), at::Scalar(static_cast<step_t>(e)), at::Scalar(step),
+         std::is_integral_v<scalar_t> ? at::kDouble : dtype};
+  }), AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  return r;
+}
+Value linspace_points(OpBuilder& op, const LinspaceEnds& ends, int64_t steps) {
   auto& b = op.b();
-  at::ScalarType acc_t = to_aten(acc);
-  Value s = b.broadcast_to(op.scalar(start, acc_t), {steps});
-  Value e = b.broadcast_to(op.scalar(end, acc_t), {steps});
+  const at::ScalarType t = ends.arithmetic;
+  const DType T = to_ir(t);
+  Value s = b.broadcast_to(op.scalar(ends.start, t), {steps});
   if (steps == 1) return s;
-  Value i = b.iota(acc, {steps}, 0);
-  Value step = b.binary("divide", b.binary("subtract", e, s), b.constant(acc, static_cast<double>(steps - 1), {steps}));
-  Value from_start = b.binary("add", s, b.binary("multiply", i, step));
-  Value from_end = b.binary("subtract", e, b.binary("multiply", b.binary("subtract", b.constant(acc, static_cast<double>(steps - 1), {steps}), i), step));
-  Value first_half = b.compare(i, b.constant(acc, static_cast<double>(steps / 2), {steps}), "LT");
+  Value e = b.broadcast_to(op.scalar(ends.end, t), {steps});
+  Value step = b.broadcast_to(op.scalar(ends.step, t), {steps});
+  Value i = b.iota(DType::S64, {steps}, 0);
+  Value from_end_count = b.binary("subtract", b.constant_int(DType::S64, steps - 1, {steps}), i);
+  Value from_start = b.binary("add", s, b.binary("multiply", step, b.convert(i, T)));
+  Value from_end = b.binary("subtract", e, b.binary("multiply", step, b.convert(from_end_count, T)));
+  Value first_half = b.compare(i, b.constant_int(DType::S64, steps / 2, {steps}), "LT");
   return b.select(first_half, from_start, from_end);
+}
+// Writes `steps` points into out as ATen does: resized only when its element count differs,
+// else filled in its own (row-major) order whatever its shape and strides.
+at::Tensor& write_points(OpBuilder& op, Value v, int64_t steps, at::Tensor& out) {
+  if (out.numel() != steps) at::native::resize_output(out, {steps});
+  finish(op, op.b().reshape(v, vec(out.sizes())), out.scalar_type(), &out);
+  return out;
 }
 at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
   TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
-  at::native::resize_output(out, {steps});
-  if (steps == 0) return out;
+  if (steps == 0) {
+    if (out.numel() != 0) at::native::resize_output(out, {0});
+    return out;
+  }
+  LinspaceEnds ends = linspace_ends(start, end, steps, out.scalar_type());
   OpBuilder op("aten::linspace");
   op.set_device(out.device().index());
-  DType acc = out.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
-  Value v = linspace_values(op, start, end, steps, acc);
-  finish(op, op.b().convert(v, to_ir(out.scalar_type())), out.scalar_type(), &out);
-  return out;
+  Value v = op.b().convert(linspace_points(op, ends, steps), to_ir(out.scalar_type()));
+  return write_points(op, v, steps, out);
 }
 at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, at::Tensor& out) {
   TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
-  at::native::resize_output(out, {steps});
-  if (steps == 0) return out;
+  if (steps == 0) {
+    if (out.numel() != 0) at::native::resize_output(out, {0});
+    return out;
+  }
+  LinspaceEnds ends = linspace_ends(start, end, steps, out.scalar_type());
   OpBuilder op("aten::logspace");
   op.set_device(out.device().index());
   auto& b = op.b();
-  DType acc = out.scalar_type() == at::kDouble ? DType::F64 : DType::F32;
-  Value v = linspace_values(op, start, end, steps, acc);
-  Value r = b.binary("power", b.broadcast_to(op.scalar(base, to_aten(acc)), {steps}), v);
-  finish(op, b.convert(r, to_ir(out.scalar_type())), out.scalar_type(), &out);
-  return out;
+  // std::pow(double base, exponent): the power in double (complex<double> for complex dtypes).
+  Value exponent = linspace_points(op, ends, steps);
+  const DType wide = ir::is_complex(b.dtype(exponent)) ? DType::C128 : DType::F64;
+  exponent = b.convert(exponent, wide);
+  Value r = b.binary("power", b.constant(wide, base, {steps}), exponent);
+  return write_points(op, b.convert(r, to_ir(out.scalar_type())), steps, out);
 }
 
 // ---------------------------------------------------------------- random distributions

@@ -3,6 +3,7 @@
 #include <atomic>
 
 #include <cstring>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 
@@ -136,9 +137,21 @@ Value Builder::convert(Value v, DType dtype) {
     // Non-zero is true, as in torch (a plain convert would do the same, but be explicit).
     return compare(v, scalar_like(v, 0), "NE");
   }
-  if (is_floating(this->dtype(v)) && (dtype == DType::U8 || dtype == DType::U16 || dtype == DType::U32)) {
-    // Out-of-range floats wrap modulo 2^n like torch's CPU cast (XLA would saturate): go through i64.
-    v = g_.add("stablehlo.convert", {v}, Type{DType::S64, dims(v)});
+  if (is_floating(this->dtype(v)) && (is_signed_int(dtype) || is_unsigned_int(dtype))) {
+    // As torch's CPU casts a float to an integer on x86 (XLA would saturate): truncated through
+    // a 32-bit integer (64-bit for 64-bit and uint32 targets), where a value out of that range
+    // or NaN becomes its most negative value, then narrowed modulo 2^n (-2.0 -> uint8 254,
+    // float max -> int32 INT32_MIN, -> int8 0).
+    const bool wide = dtype == DType::S64 || dtype == DType::U64 || dtype == DType::U32;
+    const DType via = wide ? DType::S64 : DType::S32;
+    const double limit = wide ? 9223372036854775808.0 : 2147483648.0;  // exact in every float type used
+    Value x = this->dtype(v) == DType::F16 || this->dtype(v) == DType::BF16 ? convert(v, DType::F32) : v;
+    Value in_range = binary("and", compare(x, constant(this->dtype(x), -limit, dims(x)), "GE"),
+                            compare(x, constant(this->dtype(x), limit, dims(x)), "LT"));  // NaN is neither
+    Value truncated = g_.add("stablehlo.convert", {x}, Type{via, dims(x)});
+    const int64_t lowest = wide ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int32_t>::min();
+    v = select(in_range, truncated, constant_int(via, lowest, dims(x)));
+    if (dtype == via) return v;
   }
   return g_.add("stablehlo.convert", {v}, Type{dtype, dims(v)});
 }
