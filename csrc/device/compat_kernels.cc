@@ -136,7 +136,6 @@ Tensor& range_out(const at::Scalar& start, const at::Scalar& end, const at::Scal
   TORCH_CHECK(std::isfinite(s) && std::isfinite(e), "unsupported range: ", s, " -> ", e);
   TORCH_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "upper bound and larger bound inconsistent with step sign");
   int64_t n = static_cast<int64_t>(std::floor((e - s) / st)) + 1;
-  if (out.numel() != n) out.resize_({n});
   OpBuilder op("aten::range");
   auto& b = op.b();
   ir::DType dt = at::isFloatingType(out.scalar_type()) ? to_ir(out.scalar_type()) : ir::DType::F64;
@@ -144,9 +143,7 @@ Tensor& range_out(const at::Scalar& start, const at::Scalar& end, const at::Scal
   Value i = b.convert(b.iota(ir::DType::S64, {n}, 0), dt);
   Value r = b.binary("add", b.broadcast_to(op.scalar(start, to_aten(dt)), {n}),
                      b.binary("multiply", i, b.broadcast_to(op.scalar(step, to_aten(dt)), {n})));
-  op.write(out, r);
-  op.run();
-  return out;
+  return write_sequence(op, b.convert(r, to_ir(out.scalar_type())), n, out);
 }
 
 Tensor int_mm(const Tensor& self, const Tensor& mat2) {

@@ -70,6 +70,15 @@ inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const
   return t;
 }
 
+// A factory's `n` values (arange, range, linspace, logspace) written into out as ATen does:
+// out is resized only when its element count differs, else filled in its own row-major
+// order whatever its shape and strides (a narrowed view keeps its shape).
+inline at::Tensor& write_sequence(OpBuilder& op, ir::Value values, int64_t n, at::Tensor& out) {
+  if (out.numel() != n) at::native::resize_output(out, {n});
+  finish(op, op.b().reshape(values, vec(out.sizes())), out.scalar_type(), &out);
+  return out;
+}
+
 // An out= tensor that overlaps itself or one of the op's inputs, refused as
 // ATen refuses it ("unsupported operation: ... refer to a single memory location").
 inline void check_out_overlap(const at::Tensor& out, std::initializer_list<at::Tensor> inputs) {

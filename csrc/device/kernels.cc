@@ -605,6 +605,7 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   // ATen steps integer outputs by the step converted to the integer type: a fractional step below 1 would never move.
   TORCH_CHECK_VALUE(!at::isIntegralType(out.scalar_type(), false) || static_cast<int64_t>(st) != 0, "arange: step must be nonzero in the output's dtype ",
                     out.scalar_type(), ", got ", st);
+  TORCH_CHECK(std::isfinite(s) && std::isfinite(e), "unsupported range: ", s, " -> ", e);
   TORCH_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "upper bound and larger bound inconsistent with step sign");
   int64_t n;
   if (at::isIntegralType(out.scalar_type(), false) && start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false)) {
@@ -612,6 +613,16 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
     n = k > 0 ? (z - a + k - 1) / k : (a - z + (-k) - 1) / (-k);
   } else {
     n = static_cast<int64_t>(std::ceil((e - s) / st));
+  }
+  if (out.numel() != n) {
+    // ATen's own warning for arange (rounding can make the count differ from what was meant).
+    if (out.numel() > 0) {
+      TORCH_WARN("The number of elements in the out tensor of shape ", out.sizes(), " is ", out.numel(),
+                 " which does not match the computed number of elements ", n,
+                 ". Note that this may occur as a result of rounding error. "
+                 "The out tensor will be resized to a tensor of shape (", n, ",).");
+    }
+    out.resize_({n});
   }
   OpBuilder op("aten::arange");
   op.set_device(out.device().index());
@@ -622,8 +633,7 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   at::ScalarType acc_t = to_aten(acc);
   Value r = b.binary("add", b.broadcast_to(op.scalar(start, acc_t), {n}),
                      b.binary("multiply", i, b.broadcast_to(op.scalar(step, acc_t), {n})));
-  finish(op, r, out.scalar_type(), &out);
-  return out;
+  return write_sequence(op, r, n, out);
 }
 
 at::Tensor tri(const at::Tensor& self, int64_t diagonal, bool upper, const at::Tensor* into) {
@@ -1669,7 +1679,16 @@ at::Tensor& uniform_fn(at::Tensor& self, double from, double to, std::optional<a
     return uniform_fn(parts, from, to, gen), self;
   }
   TORCH_CHECK(at::isFloatingType(self.scalar_type()), "uniform_ only supports floating point dtypes, got ", self.scalar_type());
-  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from, " > to=", to);
+  // ATen's bounds: both ends and their distance inside the dtype's range.
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, self.scalar_type(), "uniform_", [&] {
+    const auto lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+    const auto hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+    TORCH_CHECK(from >= lo && from <= hi, "from is out of bounds for ", self.dtype());
+    TORCH_CHECK(to >= lo && to <= hi, "to is out of bounds for ", self.dtype());
+    TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from, " > to=", to);
+    TORCH_CHECK(to - from <= hi, "uniform_ expects to-from <= std::numeric_limits<", self.scalar_type(),
+                ">::max(), but found to=", to, " and from=", from, " which result in to-from to exceed the limit");
+  });
   OpBuilder op("aten::uniform_");
   auto& b = op.b();
   op.set_device(self.device().index());
@@ -1761,17 +1780,118 @@ at::Tensor native_dropout_backward_fn(const at::Tensor& grad, const at::Tensor& 
   return finish(op, r, out, nullptr, op.suggested_layout(grad.dim()));
 }
 
+// random_'s bounds as ATen checks them (DistributionTemplates.h): for float dtypes `from`
+// and `to` moved to values the dtype holds, both ends inside the dtype's range (a warning
+// past the integers it holds exactly), the bounds' wording kept.
+template <typename T>
+int64_t representable_from(int64_t from) {
+  const auto from_plus_1 = static_cast<int64_t>(static_cast<T>(from + 1));
+  if (from_plus_1 < from) {
+    int64_t magnitude = std::abs(from + 1);
+    int n = 0;
+    while (magnitude >>= 1) ++n;
+    from = from_plus_1 + (int64_t{1} << (n - std::numeric_limits<T>::digits + 1));
+  }
+  return from;
+}
+template <typename T>
+int64_t representable_to(int64_t to) {
+  const auto to_minus_1 = static_cast<int64_t>(static_cast<T>(to - 1));
+  if (to_minus_1 >= to) {
+    int64_t magnitude = std::abs(to - 1);
+    int n = 0;
+    while (magnitude >>= 1) ++n;
+    to = to_minus_1 - (int64_t{1} << (n - std::numeric_limits<T>::digits + 1));
+  }
+  return to;
+}
+void check_random_bounds(int64_t from, int64_t to_inc, at::ScalarType dtype) {
+  auto check = [&](int64_t v, const char* name, double lo, double hi) {
+    TORCH_CHECK(static_cast<double>(v) >= lo && static_cast<double>(v) <= hi, name, " is out of bounds for ",
+                c10::scalarTypeToTypeMeta(dtype));
+  };
+  if (at::isFloatingType(dtype)) {
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "random_", [&] {
+      check(from, "from", static_cast<double>(std::numeric_limits<scalar_t>::lowest()),
+            static_cast<double>(std::numeric_limits<scalar_t>::max()));
+      check(to_inc, "to - 1", static_cast<double>(std::numeric_limits<scalar_t>::lowest()),
+            static_cast<double>(std::numeric_limits<scalar_t>::max()));
+      constexpr int digits = std::numeric_limits<scalar_t>::digits;
+      for (auto [v, name] : {std::pair{from, "from"}, std::pair{to_inc, "to - 1"}}) {
+        if (v < -(int64_t{1} << digits) || v > (int64_t{1} << digits)) {
+          TORCH_WARN(name, " is out of bounds [-(2^", digits, "), 2^", digits, "]. Due to precision limitations ",
+                     c10::scalarTypeToTypeMeta(dtype), " can support discrete uniform distribution only within this range. ",
+                     "This warning will become an error in version 1.7 release, please fix the code in advance");
+        }
+      }
+    });
+  } else if (dtype == at::kUInt64) {
+    check(from, "from", 0, static_cast<double>(INT64_MAX));
+    check(to_inc, "to - 1", 0, static_cast<double>(INT64_MAX));
+  } else {
+    AT_DISPATCH_V2(dtype, "random_", AT_WRAP([&] {
+      const auto lo = static_cast<int64_t>(std::numeric_limits<scalar_t>::lowest());
+      const auto hi = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+      TORCH_CHECK(from >= lo && from <= hi, "from is out of bounds for ", c10::scalarTypeToTypeMeta(dtype));
+      TORCH_CHECK(to_inc >= lo && to_inc <= hi, "to - 1 is out of bounds for ", c10::scalarTypeToTypeMeta(dtype));
+    }), AT_EXPAND(AT_INTEGRAL_TYPES), at::kUInt16, at::kUInt32, at::kBool);
+  }
+}
+
+// random_: from + bits % range from 64 random bits, in 64-bit integer arithmetic (range 0
+// meaning all 2^64 values), then converted to self's dtype (floats round to nearest, as on CPU).
 at::Tensor& random_from_to(at::Tensor& self, int64_t from, std::optional<int64_t> to, std::optional<at::Generator> gen) {
-  int64_t hi = to.value_or(at::isFloatingType(self.scalar_type()) ? (int64_t(1) << 24) : INT32_MAX);
-  TORCH_CHECK(from < hi, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", hi);
+  const at::ScalarType dtype = self.scalar_type();
+  TORCH_CHECK(at::isFloatingType(dtype) || at::isIntegralType(dtype, /*includeBool=*/true),
+              "random_ handles only integral, floating-point and boolean types, got ", dtype);
+  uint64_t range = 0;
+  if (to.has_value()) {  // [from, to)
+    int64_t hi = *to;
+    TORCH_CHECK(from < hi, "random_ expects 'from' to be less than 'to', but got from=", from, " >= to=", hi);
+    if (at::isFloatingType(dtype)) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "random_", [&] {
+        from = representable_from<scalar_t>(from);
+        hi = representable_to<scalar_t>(hi);
+        TORCH_CHECK(from < hi, "random_ expects 'from' casted to dtype to be less than 'to' casted to dtype, but got from=",
+                    from, " >= to=", hi);
+      });
+    }
+    check_random_bounds(from, hi - 1, dtype);
+    range = static_cast<uint64_t>(hi) - static_cast<uint64_t>(from);
+  } else if (from != std::numeric_limits<int64_t>::lowest()) {  // [from, the dtype's largest integer]
+    int64_t to_inc = 0;
+    if (at::isFloatingType(dtype)) {
+      AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "random_", [&] {
+        constexpr int digits = std::numeric_limits<scalar_t>::digits;
+        to_inc = digits >= 63 ? std::numeric_limits<int64_t>::max() : (int64_t{1} << digits);
+        from = representable_from<scalar_t>(from);
+        TORCH_CHECK(from < to_inc, "random_ expects 'from' casted to dtype to be less than or equal to 'to_inc' casted to dtype, but got from=",
+                    from, " > to_inc=", to_inc);
+      });
+    } else if (dtype == at::kBool) {
+      to_inc = 1;
+    } else {
+      AT_DISPATCH_V2(dtype, "random_", AT_WRAP([&] {
+        to_inc = static_cast<int64_t>(std::numeric_limits<scalar_t>::max());
+      }), AT_EXPAND(AT_INTEGRAL_TYPES), at::kUInt16, at::kUInt32, at::kUInt64);
+    }
+    check_random_bounds(from, to_inc, dtype);
+    range = static_cast<uint64_t>(to_inc) - static_cast<uint64_t>(from) + 1;
+  }
+  if (self.numel() == 0) return self;
   OpBuilder op("aten::random_");
   auto& b = op.b();
   op.set_device(self.device().index());
-  auto r = L::uniform(b, op.rng_state(pick_generator(gen, self)), ir::DType::F64, vec(self.sizes()));
+  const std::vector<int64_t> dims = vec(self.sizes());
+  auto r = b.rng_bits(op.rng_state(pick_generator(gen, self)), ir::DType::U64, dims);
   op.set_rng_state(r[0]);
-  Value span = b.broadcast_to(op.scalar(static_cast<double>(hi - from), at::kDouble), vec(self.sizes()));
-  Value lo = b.broadcast_to(op.scalar(static_cast<double>(from), at::kDouble), vec(self.sizes()));
-  Value v = b.unary("floor", b.binary("add", b.binary("multiply", r[1], span), lo));
+  Value bits = r[1];
+  if (range != 0) {
+    // The range travels as int64 bits (past 2^63 it reads negative there) and is reinterpreted.
+    Value span = b.convert(op.scalar(static_cast<int64_t>(range), at::kLong), ir::DType::U64);
+    bits = b.binary("remainder", bits, b.broadcast_to(span, dims));
+  }
+  Value v = b.binary("add", b.convert(bits, ir::DType::S64), b.broadcast_to(op.scalar(from, at::kLong), dims));
   op.write(self, v);
   op.run();
   return self;

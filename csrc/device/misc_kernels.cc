@@ -1043,13 +1043,6 @@ Value linspace_points(OpBuilder& op, const LinspaceEnds& ends, int64_t steps) {
   Value first_half = b.compare(i, b.constant_int(DType::S64, steps / 2, {steps}), "LT");
   return b.select(first_half, from_start, from_end);
 }
-// Writes `steps` points into out as ATen does: resized only when its element count differs,
-// else filled in its own (row-major) order whatever its shape and strides.
-at::Tensor& write_points(OpBuilder& op, Value v, int64_t steps, at::Tensor& out) {
-  if (out.numel() != steps) at::native::resize_output(out, {steps});
-  finish(op, op.b().reshape(v, vec(out.sizes())), out.scalar_type(), &out);
-  return out;
-}
 at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, at::Tensor& out) {
   TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
   if (steps == 0) {
@@ -1060,7 +1053,7 @@ at::Tensor& linspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
   OpBuilder op("aten::linspace");
   op.set_device(out.device().index());
   Value v = op.b().convert(linspace_points(op, ends, steps), to_ir(out.scalar_type()));
-  return write_points(op, v, steps, out);
+  return write_sequence(op, v, steps, out);
 }
 at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t steps, double base, at::Tensor& out) {
   TORCH_CHECK(steps >= 0, "number of steps must be non-negative");
@@ -1077,7 +1070,7 @@ at::Tensor& logspace_out(const at::Scalar& start, const at::Scalar& end, int64_t
   const DType wide = ir::is_complex(b.dtype(exponent)) ? DType::C128 : DType::F64;
   exponent = b.convert(exponent, wide);
   Value r = b.binary("power", b.constant(wide, base, {steps}), exponent);
-  return write_points(op, b.convert(r, to_ir(out.scalar_type())), steps, out);
+  return write_sequence(op, b.convert(r, to_ir(out.scalar_type())), steps, out);
 }
 
 // ---------------------------------------------------------------- random distributions
@@ -1145,6 +1138,9 @@ at::Tensor& cauchy_fn(at::Tensor& self, double median, double sigma, std::option
 
 // normal with tensor mean and/or std: mean + std * N(0, 1) over the broadcast shape.
 at::Tensor normal_tensors(const at::Tensor& mean, const at::Tensor& std, std::optional<at::Generator> gen) {
+  TORCH_CHECK(!std.is_complex(), "normal expects standard deviation to be non-complex");
+  // As ATen on every device: the smallest std is read on the host (a sync).
+  TORCH_CHECK(std.numel() == 0 || std.min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
   at::ScalarType t = at::result_type(mean, std);
   TORCH_CHECK(at::isFloatingType(t), "normal expects floating point mean and std, got ", t);
   OpBuilder op("aten::normal");
@@ -1177,6 +1173,15 @@ at::Tensor& normal_ft_out(double m, const at::Tensor& s, std::optional<at::Gener
 
 at::Tensor& randperm_out(int64_t n, std::optional<at::Generator> gen, at::Tensor& out) {
   TORCH_CHECK(n >= 0, "randperm: n must be non-negative, got ", n);
+  // ATen's checks: n - 1 must fit the result's dtype, and floats must tell the values apart.
+  TORCH_CHECK(at::scalar_tensor(n > 0 ? n - 1 : n, at::TensorOptions().dtype(out.scalar_type())).defined(),
+              "n is too large for result tensor type: '", out.toString(), "'");
+  switch (out.scalar_type()) {
+    case at::kHalf: TORCH_CHECK(n <= (int64_t{1} << 11) + 1, "n cannot be greater than 2049 for Half type."); break;
+    case at::kFloat: TORCH_CHECK(n <= (int64_t{1} << 24) + 1, "n cannot be greater than 2^24+1 for Float type."); break;
+    case at::kDouble: TORCH_CHECK(n <= (int64_t{1} << 53) + 1, "n cannot be greater than 2^53+1 for Double type."); break;
+    default: break;
+  }
   at::native::resize_output(out, {n});
   if (n == 0) return out;
   OpBuilder op("aten::randperm");

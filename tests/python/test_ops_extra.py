@@ -2,6 +2,9 @@
 random distributions and embedding_bag against CPU PyTorch (fallback forbidden)."""
 from __future__ import annotations
 
+import platform
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -268,3 +271,63 @@ def test_histc_refuses_bool_and_complex(dev: torch.device) -> None:
     for dtype in (torch.bool, torch.complex64):
         with pytest.raises(RuntimeError, match="histc"):
             torch.histc(torch.zeros(3, dtype=dtype, device=dev), bins=2, min=0, max=1)
+
+
+_SEQUENCE_DTYPES = [torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int64, torch.int32,
+                    torch.int16, torch.int8, torch.uint8, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", _SEQUENCE_DTYPES, ids=str)
+def test_linspace_logspace_as_cpu(dev: torch.device, dtype: torch.dtype) -> None:
+    # ATen converts start and end to the dtype first (refusing overflow), and computes the
+    # step and the points in the dtype's own arithmetic (double for integers), from both
+    # ends. Integer results must be exact; floats within a couple of ulps of the CPU's
+    # (its vectorized loop rounds some points differently from the scalar one).
+    cases = [(torch.linspace, (10, 20, 11)), (torch.linspace, (0.3, 1.1, 137)), (torch.linspace, (2, 0, 3)),
+             (torch.linspace, (-100, 100, 401)), (torch.linspace, (0, 90, 91)), (torch.logspace, (0, 2, 3)),
+             (torch.logspace, (-0.03, 0.03, 33)), (torch.logspace, (1, -1, 3)), (torch.linspace, (0, 1, 1)),
+             (torch.linspace, (10, 2000, 1991))]
+    for fn, args in cases:
+        try:
+            ref = fn(*args, dtype=dtype)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match="without overflow"):
+                fn(*args, dtype=dtype, device=dev)
+            assert "without overflow" in str(e)
+            continue
+        out = fn(*args, dtype=dtype, device=dev).cpu()
+        assert out.dtype == ref.dtype and out.shape == ref.shape
+        if dtype.is_floating_point or dtype.is_complex:
+            eps = torch.finfo(dtype if dtype.is_floating_point else torch.float32).eps
+            torch.testing.assert_close(out, ref, rtol=4 * eps, atol=4 * eps * float(ref.abs().max()))
+        else:
+            assert torch.equal(out, ref), (fn.__name__, args, out, ref)
+
+
+@pytest.mark.parametrize("fn", [lambda out: torch.linspace(0, 3, 4, out=out), lambda out: torch.logspace(0, 3, 4, base=2, out=out),
+                                lambda out: torch.arange(0, 4, out=out), lambda out: torch.range(0, 3, out=out)],
+                         ids=["linspace", "logspace", "arange", "range"])
+def test_sequence_into_a_narrowed_out_keeps_its_shape(dev: torch.device, fn) -> None:
+    # An out= of the right element count is filled in its own order, not resized: a narrowed
+    # view of a larger tensor receives the values row by row, as on CPU.
+    def run(d: torch.device) -> torch.Tensor:
+        x = torch.zeros(2, 3, device=d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.range is deprecated
+            fn(x.narrow(1, 1, 2))
+        return x
+
+    assert torch.equal(run(dev).cpu(), run(torch.device("cpu")))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="CPU float-to-int casts of out-of-range values are x86's")
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_float_to_integer_casts_as_cpu(dev: torch.device, source: torch.dtype) -> None:
+    # Out-of-range values, infinities and NaN convert as torch's CPU casts them (x86: through
+    # 32- or 64-bit truncation, the most negative value where that overflows, then wrapped);
+    # XLA's own conversion saturates.
+    big = torch.finfo(source).max
+    vals = torch.tensor([-big, -3e9, -300.0, -2.0, -1.5, -0.5, 0.0, 0.5, 1.5, 2.0, 300.0, 3e9, big,
+                         float("inf"), float("-inf"), float("nan")], dtype=torch.float64).to(source)
+    for target in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool):
+        assert torch.equal(vals.to(dev).to(target).cpu(), vals.to(target)), target

@@ -60,8 +60,8 @@ SAMPLE = {
     "mamba": "selective scan",
     "mamba2": "chunked state-space duality",
     # multimodal
-    "clip": "dual encoder",
-    "siglip": "dual encoder, sigmoid",
+    "clip": "vision tower, image classification head",
+    "siglip": "vision tower without class token, pooled head",
     "llava": "vision tower + projector + LM (text-only batch)",
 }
 MODES = ["strict", "fused"]
