@@ -723,9 +723,9 @@ Value OpBuilder::input_raw(const at::Tensor& t) {
   return builder_.gather(flat, element_offsets(t), {}, {0}, {0}, t.dim(), {1}, sizes);
 }
 
-void OpBuilder::write(const at::Tensor& dst, Value v) {
+void OpBuilder::write(const at::Tensor& dst, Value v, bool allow_overlap) {
   TORCH_CHECK(dst.device().is_privateuseone(), device_name(), ": ", op_, ": output must be a pjrt tensor");
-  at::assert_no_internal_overlap(dst);
+  if (!allow_overlap) at::assert_no_internal_overlap(dst);
   DType T = to_ir(dst.scalar_type());
   std::vector<int64_t> sizes(dst.sizes().begin(), dst.sizes().end());
   v = builder_.broadcast_to(builder_.convert(v, T), sizes);

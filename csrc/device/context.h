@@ -141,7 +141,8 @@ class OpBuilder {
   // logical NCHW order either way).
   at::Tensor output(ir::Value v, at::ScalarType dtype, at::MemoryFormat format = at::MemoryFormat::Contiguous);
   // Writes v into dst (through dst's view and its lazy bits); converts to dst's dtype.
-  void write(const at::Tensor& dst, ir::Value v);
+  // allow_overlap: dst may have elements sharing memory (only for writes of one value, fill_).
+  void write(const at::Tensor& dst, ir::Value v, bool allow_overlap = false);
   // Replaces a storage's whole contents with `flat` (any dtype/length).
   void replace_contents(StorageState* st, ir::Value flat);
   // Marks an out-of-range condition (i1 scalar): checked at the next sync point,

@@ -589,7 +589,9 @@ at::Tensor& fill_impl(at::Tensor& self, const at::Tensor& value) {
               " dimensions.");
   OpBuilder op("aten::fill_");
   Value v = op.b().convert(op.input(value), to_ir(self.scalar_type()));
-  finish(op, op.b().broadcast_to(v, vec(self.sizes())), self.scalar_type(), &self);
+  // One value everywhere: a self whose elements share memory (a 0 stride) is filled too, as ATen allows.
+  op.write(self, op.b().broadcast_to(v, vec(self.sizes())), /*allow_overlap=*/true);
+  op.run();
   return self;
 }
 at::Tensor& fill_scalar(at::Tensor& self, const at::Scalar& value) {
@@ -607,6 +609,9 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
                     out.scalar_type(), ", got ", st);
   TORCH_CHECK(std::isfinite(s) && std::isfinite(e), "unsupported range: ", s, " -> ", e);
   TORCH_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "upper bound and larger bound inconsistent with step sign");
+  const double count = std::ceil((e - s) / st);
+  TORCH_CHECK(count >= 0 && count <= static_cast<double>(std::numeric_limits<int64_t>::max()),
+              "invalid size, possible overflow?");
   int64_t n;
   if (at::isIntegralType(out.scalar_type(), false) && start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false)) {
     int64_t a = start.toLong(), z = end.toLong(), k = step.toLong();
@@ -1109,12 +1114,21 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
   for (auto& t : ts) out = at::promote_types(out, t.scalar_type());
   if (into) out = out_dtype("torch.cat()", out, *into);
   // Reference tensor: the first that is not a legacy empty 1-D tensor.
-  const at::Tensor* ref = &ts[0];
+  const at::Tensor* ref = nullptr;
   for (auto& t : ts) {
     if (!(t.dim() == 1 && t.numel() == 0)) {
       ref = &t;
       break;
     }
+  }
+  if (ref == nullptr) {
+    // Only legacy empty tensors: the result is one too, whatever dim says (as ATen).
+    for (size_t i = 0; i < ts.size(); ++i) {
+      TORCH_CHECK(ts[i].device() == ts[0].device(), "Expected all tensors to be on the same device");
+    }
+    if (!into) return at::empty({0}, ts[0].options().dtype(out));
+    at::native::resize_output(*into, {0});
+    return *into;
   }
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(ref->dim(), 1));
   OpBuilder op("aten::cat");
@@ -1133,11 +1147,20 @@ at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Te
     vs.push_back(op.input(t));
   }
   Value r = L::cat(op.b(), vs, d, to_ir(out));
-  return finish(op, r, out, into);
+  // ATen's result layout: the inputs' suggested memory format when they all agree.
+  std::optional<at::MemoryFormat> format;
+  for (auto& t : ts) {
+    if (t.dim() == 1 && t.numel() == 0) continue;
+    at::MemoryFormat f = t.suggest_memory_format();
+    if (!format) format = f;
+    else if (*format != f) format = at::MemoryFormat::Contiguous;
+  }
+  return finish(op, r, out, into, format.value_or(at::MemoryFormat::Contiguous));
 }
 at::Tensor cat_fn(const at::ITensorListRef& t, int64_t d) { return cat_impl(t, d, nullptr); }
 at::Tensor& cat_out(const at::ITensorListRef& t, int64_t d, at::Tensor& o) {
-  at::ScalarType inputs = at::kBool;
+  TORCH_CHECK(t.size() > 0, "torch.cat(): expected a non-empty list of Tensors");
+  at::ScalarType inputs = t.front().scalar_type();
   for (const at::Tensor& input : t) inputs = at::promote_types(inputs, input.scalar_type());
   // A TypeError, as ATen raises it (test_ops' test_out expects that type for cat and its stacking variants).
   TORCH_CHECK_TYPE(c10::canCast(inputs, o.scalar_type()), "torch.cat(): input types can't be cast to the desired output type ",
