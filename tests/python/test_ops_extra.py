@@ -331,3 +331,27 @@ def test_float_to_integer_casts_as_cpu(dev: torch.device, source: torch.dtype) -
                          float("inf"), float("-inf"), float("nan")], dtype=torch.float64).to(source)
     for target in (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool):
         assert torch.equal(vals.to(dev).to(target).cpu(), vals.to(target)), target
+
+
+def test_cat_rules_as_cpu(dev: torch.device) -> None:
+    def both(fn):
+        return fn(torch.device("cpu")), fn(dev)
+
+    # Only legacy 1-D empty tensors: an empty result whatever dim says.
+    ref, out = both(lambda d: torch.cat([torch.zeros(0, device=d), torch.zeros(0, device=d)], dim=1))
+    assert out.shape == ref.shape == (0,)
+    # The inputs' common memory format is the result's.
+    ref, out = both(lambda d: torch.cat([torch.randn(2, 3, 4, 5).to(d, memory_format=torch.channels_last)] * 2, dim=1))
+    assert out.is_contiguous(memory_format=torch.channels_last) == ref.is_contiguous(memory_format=torch.channels_last)
+    assert out.stride() == ref.stride()
+    # out= of an unsigned type (promotion never starts from bool).
+    for dtype in (torch.uint16, torch.uint32, torch.uint64):
+        w = torch.arange(10, dtype=dtype, device=dev)
+        torch.cat([w[:2], w[4:6]], out=w[6:10])
+        assert w.cpu().tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 4, 5]
+
+
+def test_fill_into_self_overlapping_tensor(dev: torch.device) -> None:
+    # A tensor whose elements share memory (a 0 stride) can be filled, as on CPU.
+    t = torch.empty_strided((4, 3, 2), (10, 0, 3), device=dev).fill_(2.5)
+    assert t.cpu().eq(2.5).all()
