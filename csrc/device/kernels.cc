@@ -7,6 +7,8 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include <sstream>
+
 #include "device/context.h"
 #include "device/device_name.h"
 #include "device/kernel_util.h"
@@ -1382,6 +1384,21 @@ IndexPlan plan_index(const at::Tensor& self, const std::vector<at::Tensor>& idx)
   return p;
 }
 
+// The index tensors must broadcast together: ATen's IndexError and wording, before any other check.
+void check_indices_broadcast(const IndexPlan& p) {
+  std::vector<int64_t> shape;
+  for (const at::Tensor& i : p.index) {
+    try {
+      shape = ir::broadcast_shapes(shape, vec(i.sizes()));
+    } catch (const std::invalid_argument&) {
+      std::ostringstream shapes;
+      for (size_t k = 0; k < p.index.size(); ++k) shapes << (k ? ", " : "") << p.index[k].sizes();
+      TORCH_CHECK_INDEX(false, "shape mismatch: indexing tensors could not be broadcast together with shapes ",
+                        shapes.str());
+    }
+  }
+}
+
 // A dim of size 0 indexed by a non-empty index: every index is out of range,
 // known without reading it (CPU raises at once too).
 void check_indexing_empty_dims(const IndexPlan& p) {
@@ -1398,9 +1415,9 @@ bool indexing_is_empty(const IndexPlan& p) {
   return false;
 }
 
-// The shape of self[idx] when it has no elements, from the meta device (no program with
+// The shape of self[idx], from the meta device (for an empty result: no program with
 // zero-size slices).
-std::vector<int64_t> empty_indexing_shape(const at::Tensor& self, const std::vector<at::Tensor>& idx) {
+std::vector<int64_t> indexing_shape(const at::Tensor& self, const std::vector<at::Tensor>& idx) {
   c10::List<std::optional<at::Tensor>> meta;
   for (const at::Tensor& i : idx) {
     meta.push_back(i.defined() ? std::optional<at::Tensor>(at::empty(i.sizes(), i.options().device(at::kMeta)))
@@ -1412,9 +1429,10 @@ std::vector<int64_t> empty_indexing_shape(const at::Tensor& self, const std::vec
 at::Tensor index_fn(const at::Tensor& self, const c10::List<std::optional<at::Tensor>>& indices) {
   std::vector<at::Tensor> idx = expand_index_list(self, indices);
   IndexPlan p = plan_index(self, idx);
-  TORCH_CHECK_INDEX(!p.index.empty(), "index: at least one index must be a tensor");
+  TORCH_CHECK_INDEX(!p.index.empty(), "at least one index must be provided");
+  check_indices_broadcast(p);
   check_indexing_empty_dims(p);
-  if (indexing_is_empty(p)) return at::empty(empty_indexing_shape(self, idx), self.options());
+  if (indexing_is_empty(p)) return at::empty(indexing_shape(self, idx), self.options());
   OpBuilder op("aten::index");
   std::vector<Value> vs;
   for (size_t k = 0; k < p.index.size(); ++k) {
@@ -1453,15 +1471,16 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
     TORCH_CHECK(false, "masked_fill_ only supports boolean masks, but got mask with dtype unsigned char");
   }
   IndexPlan p = plan_index(self, idx);
-  TORCH_CHECK_INDEX(!p.index.empty(), "index_put_: at least one index must be a tensor");
+  // A RuntimeError, as on CPU (where this form fails inside ATen's kernel).
+  TORCH_CHECK(!p.index.empty(), "index_put_: at least one index must be a tensor");
+  check_indices_broadcast(p);
   check_indexing_empty_dims(p);
-  if (indexing_is_empty(p)) {
-    // Nothing is written, but the values must still fit the (empty) result, as on CPU.
-    std::vector<int64_t> shape = empty_indexing_shape(self, idx);
-    TORCH_CHECK(at::is_expandable_to(values.sizes(), shape), "shape mismatch: value tensor of shape ", values.sizes(),
-                " cannot be broadcast to indexing result of shape ", c10::IntArrayRef(shape));
-    return self;
-  }
+  // The values must fit the result (even an empty one, where nothing is written), checked
+  // before their dtype, as ATen does.
+  const std::vector<int64_t> indexed_shape = indexing_shape(self, idx);
+  TORCH_CHECK(at::is_expandable_to(values.sizes(), indexed_shape), "shape mismatch: value tensor of shape ", values.sizes(),
+              " cannot be broadcast to indexing result of shape ", c10::IntArrayRef(indexed_shape));
+  if (indexing_is_empty(p)) return self;
   TORCH_CHECK(values.scalar_type() == self.scalar_type() || values.dim() == 0,
               "Index put requires the source and destination dtypes match, got ", self.scalar_type(),
               " for the destination and ", values.scalar_type(), " for the source.");

@@ -143,13 +143,18 @@ at::Tensor index_fill_impl(const at::Tensor& self, int64_t dim, const at::Tensor
                       },
                       false, into);
 }
+void check_index_fill_value(const at::Tensor& self, const at::Scalar& v) {
+  TORCH_CHECK(!v.isComplex() || self.is_complex(), "index_fill_(): Converting complex Scalar to non-complex type is not supported");
+}
 at::Tensor index_fill_s(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
+  check_index_fill_value(s, v);
   return index_fill_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), nullptr);
 }
 at::Tensor index_fill_t(const at::Tensor& s, int64_t d, const at::Tensor& i, const at::Tensor& v) {
   return index_fill_impl(s, d, i, v, nullptr);
 }
 at::Tensor& index_fill_s_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, const at::Scalar& v) {
+  check_index_fill_value(s, v);
   index_fill_impl(s, d, i, at::scalar_tensor(v, at::TensorOptions().dtype(s.scalar_type())), &s);
   return s;
 }
@@ -277,8 +282,8 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
     Value ones = b.constant(count_type, 1, b.dims(idx));
     Value count = L::scatter(b, b.constant(count_type, include_self ? 1 : 0, b.dims(x)), d, idx, ones, "add");
     count = b.convert(b.binary("maximum", count, b.scalar_like(count, 1)), dt);
-    out = ir::is_floating(dt) || ir::is_complex(dt) ? b.binary("divide", out, count)
-                                                    : L::binary(b, "div_floor", out, count, dt, dt);
+    // Complex: Smith's division, as torch's CPU divides (and pjrt's div).
+    out = L::binary(b, ir::is_floating(dt) || ir::is_complex(dt) ? "div" : "div_floor", out, count, dt, dt);
   }
   if (self.dim() == 0) out = b.reshape(out, {});
   return finish(op, out, self.scalar_type(), into);

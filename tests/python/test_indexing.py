@@ -61,9 +61,17 @@ def _raises_like_cpu(dev: torch.device, fn) -> None:
                                                      torch.ones(0, device=d), accumulate=True),
     lambda d: torch.zeros(4, 5, device=d).index_put_((torch.zeros(4, dtype=torch.bool, device=d),), torch.ones(0, device=d)),
     lambda d: torch.zeros(4, 5, device=d).index_put_((torch.tensor([], dtype=torch.uint8, device=d),), torch.tensor(1.0)),
+    lambda d: torch.ones(2, 3, 4, device=d)[False, [0, 1], ...],
+    lambda d: torch.zeros(5, 5, device=d).__setitem__(([0, 1], [0, 1, 2]), 0.0),
+    lambda d: torch.arange(4, device=d).__setitem__(torch.arange(4, device=d) > -1, torch.tensor([], device=d)),
+    lambda d: torch.ops.aten.index.Tensor(torch.tensor([1.0], device=d), []),
+    lambda d: torch.tensor([[1, 2], [4, 5]], device=d).index_fill_(1, torch.tensor([0], device=d), 1 + 1j),
+    lambda d: torch.tensor([[True, False]], device=d).index_fill_(1, torch.tensor([0], device=d), 1 + 1j),
 ], ids=["mask-shape", "2d-mask-shape", "index-empty-dim", "list-empty-dim", "uint8-mask-fill", "index-copy-count",
         "index-add-count", "index-copy-int32", "index-fill-int32-empty", "empty-index-put-values-shape",
-        "false-mask-values-shape", "empty-uint8-mask-shape"])
+        "false-mask-values-shape", "empty-uint8-mask-shape", "empty-result-indices-broadcast",
+        "setitem-indices-broadcast", "values-shape-before-dtype", "no-indices", "index-fill-complex-scalar",
+        "index-fill-bool-complex-scalar"])
 def test_errors_match_cpu(dev: torch.device, case) -> None:
     _raises_like_cpu(dev, case)
 
@@ -98,6 +106,18 @@ def test_scatter_reduce_with_an_empty_index_leaves_self_as_cpu_does(dev: torch.d
     ref, out = run(torch.device("cpu")), run(dev)
     assert out.device.type == dev.type
     assert_close(out, ref)
+
+
+def test_complex_scatter_reduce_mean_divides_as_cpu(dev: torch.device) -> None:
+    # The mean's division is Smith's, as torch's CPU (and pjrt's div) computes it: equal to
+    # the CPU's bit for bit, given equal sums (a sum of one or two terms here).
+    g = torch.Generator().manual_seed(1)
+    base = torch.randn(1, 5, dtype=torch.complex64, generator=g)
+    src = torch.randn(1, 6, dtype=torch.complex64, generator=g)
+    idx = torch.tensor([[0, 1, 2, 3, 4, 0]])
+    ref = base.scatter_reduce(1, idx, src, "mean", include_self=False)
+    out = base.to(dev).scatter_reduce(1, idx.to(dev), src.to(dev), "mean", include_self=False)
+    assert torch.equal(out.cpu(), ref)
 
 
 @pytest.mark.parametrize("reduce", ["sum", "prod", "mean"])
