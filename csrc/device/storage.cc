@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <mutex>
+#include <unordered_map>
 
 #include "device/context.h"
 #include "device/device_name.h"
@@ -33,8 +34,34 @@ uint64_t fresh_address(int device, size_t nbytes) {
   return (static_cast<uint64_t>(device + 1) << kDeviceShift) | next_address.fetch_add(span);
 }
 
+// Every live allocation by its address: a storage made around a pjrt address by other code
+// (DLPack's from_dlpack, from_blob) is found through it and aliases the allocation, as
+// on CUDA. That storage keeps the original alive (DLPack's deleter holds its tensor).
+struct AddressBook {
+  std::mutex mutex;
+  std::unordered_map<uint64_t, StorageState*> states;
+};
+AddressBook& addresses() {
+  static auto* book = new AddressBook();  // never destroyed: tensors are still freed during exit
+  return *book;
+}
+void register_address(StorageState* st) {
+  std::lock_guard<std::mutex> lock(addresses().mutex);
+  addresses().states[st->address] = st;
+}
+void unregister_address(uint64_t address) {
+  std::lock_guard<std::mutex> lock(addresses().mutex);
+  addresses().states.erase(address);
+}
+StorageState* state_at(const void* p) {
+  std::lock_guard<std::mutex> lock(addresses().mutex);
+  auto it = addresses().states.find(reinterpret_cast<uint64_t>(p));
+  return it == addresses().states.end() ? nullptr : it->second;
+}
+
 void delete_state(void* ctx) {
   auto* st = static_cast<StorageState*>(ctx);
+  unregister_address(st->address);
   // A pending value that nothing holds any more is dropped from the graph.
   if (st->live_index >= 0 || st->param_index >= 0) graph_of(st->device_index).forget(st);
   delete st;
@@ -50,6 +77,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
     st->device_index = device;
     st->nbytes = nbytes;
     st->address = fresh_address(device, nbytes);
+    register_address(st.get());
     void* ptr = reinterpret_cast<void*>(st->address);
     return {ptr, st.release(), &delete_state, c10::Device(c10::DeviceType::PrivateUse1, device)};
   }
@@ -216,14 +244,19 @@ void reset_peak_memory(int device) {
 
 c10::DataPtr readdress(StorageState* st, size_t new_nbytes) {
   st->nbytes = new_nbytes;
+  unregister_address(st->address);
   st->address = fresh_address(st->device_index, new_nbytes);
+  register_address(st);
   return {reinterpret_cast<void*>(st->address), st, &delete_state,
           c10::Device(c10::DeviceType::PrivateUse1, st->device_index)};
 }
 
 StorageState* state_of(const c10::Storage& s) {
-  if (!s || s.data_ptr().get_deleter() != &delete_state) return nullptr;
-  return static_cast<StorageState*>(s.data_ptr().get_context());
+  if (!s) return nullptr;
+  if (s.data_ptr().get_deleter() == &delete_state) return static_cast<StorageState*>(s.data_ptr().get_context());
+  // A storage around a pjrt allocation's address made elsewhere (DLPack): the same allocation.
+  if (s.device_type() == c10::DeviceType::PrivateUse1 && s.data() != nullptr) return state_at(s.data());
+  return nullptr;
 }
 
 StorageState* state_of(const at::Tensor& t) {

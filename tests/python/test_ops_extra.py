@@ -355,3 +355,18 @@ def test_fill_into_self_overlapping_tensor(dev: torch.device) -> None:
     # A tensor whose elements share memory (a 0 stride) can be filled, as on CPU.
     t = torch.empty_strided((4, 3, 2), (10, 0, 3), device=dev).fill_(2.5)
     assert t.cpu().eq(2.5).all()
+
+
+def test_dlpack_capsule_aliases_the_pjrt_tensor(dev: torch.device) -> None:
+    # torch.asarray of a pjrt tensor's DLPack capsule is the same memory (as on CUDA); a
+    # copy=True import is its own. The alias used to have "no pjrt storage".
+    from torch.utils.dlpack import to_dlpack
+
+    t = torch.arange(6.0, device=dev)
+    alias = torch.asarray(to_dlpack(t))
+    assert alias.device == t.device and alias.data_ptr() == t.data_ptr()
+    alias.add_(1)
+    copy = torch.asarray(to_dlpack(t), copy=True)
+    copy.mul_(2)
+    assert t.cpu().tolist() == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert copy.cpu().tolist() == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
