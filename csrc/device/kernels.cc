@@ -232,7 +232,27 @@ BINARY_KERNELS(copysign, Tensor, false, true)
 BINARY_KERNELS(nextafter, Tensor, false, false)
 BINARY_KERNELS(fmax, Tensor, false, false)
 BINARY_KERNELS(fmin, Tensor, false, false)
-BINARY_KERNELS(heaviside, Tensor, false, false)
+// heaviside: ATen's checks (same dtypes everywhere, no complex), then the pointwise kernel.
+void check_heaviside(const at::Tensor& self, const at::Tensor& values, const at::Tensor* out) {
+  TORCH_CHECK(!self.is_complex() && !values.is_complex() && (!out || !out->is_complex()),
+              "heaviside is not yet implemented for complex tensors.");
+  TORCH_CHECK(self.dtype() == values.dtype() && (!out || out->dtype() == self.dtype()),
+              "heaviside is not yet implemented for tensors with different dtypes.");
+}
+at::Tensor heaviside_fn(const at::Tensor& self, const at::Tensor& values) {
+  check_heaviside(self, values, nullptr);
+  return binary_op("heaviside", self, values, nullptr, false, false);
+}
+at::Tensor& heaviside_inplace(at::Tensor& self, const at::Tensor& values) {
+  check_heaviside(self, values, &self);
+  binary_op("heaviside", self, values, &self, false, false);
+  return self;
+}
+at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::Tensor& out) {
+  check_heaviside(self, values, &out);
+  binary_op("heaviside", self, values, &out, false, false);
+  return out;
+}
 BINARY_KERNELS(bitwise_left_shift, Tensor, false, false)
 BINARY_KERNELS(bitwise_right_shift, Tensor, false, false)
 BINARY_KERNELS(div_floor, Tensor, false, false)
@@ -1203,7 +1223,10 @@ at::Tensor& index_select_out(const at::Tensor& s, int64_t d, const at::Tensor& i
 at::Tensor embedding_fn(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx, bool scale_grad,
                         bool sparse) {
   TORCH_CHECK(weight.dim() == 2, "'weight' must be 2-D");
-  check_index_dtype("embedding", indices);
+  // ATen's checkScalarTypes wording (a RuntimeError).
+  TORCH_CHECK(indices.scalar_type() == at::kLong || indices.scalar_type() == at::kInt,
+              "Expected tensor for argument #1 'indices' to have one of the following scalar types: Long, Int; but got torch.",
+              device_name(), ".", c10::toString(indices.scalar_type()), "Tensor instead (while checking arguments for embedding)");
   OpBuilder op("aten::embedding");
   Value idx = op.input(indices);
   int64_t n = weight.size(0);
@@ -1570,10 +1593,17 @@ at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10:
   return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
 
+// The (grad, value) pair of a pointwise backward, broadcast together as TensorIterator
+// broadcasts them (vmap's batched gradients give grad a leading batch dim).
+std::pair<Value, Value> broadcast_pair(ir::Builder& b, Value g, Value y) {
+  const std::vector<int64_t> shape = ir::broadcast_shapes(b.dims(g), b.dims(y));
+  return {b.broadcast_to(g, shape), b.broadcast_to(y, shape)};
+}
+
 at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
   OpBuilder op("aten::silu_backward");
   auto& b = op.b();
-  Value x = op.input(self), g = op.input(grad);
+  auto [g, x] = broadcast_pair(b, op.input(grad), op.input(self));
   Value s = b.unary("logistic", x);
   Value d = b.binary("multiply", s, b.binary("add", b.scalar_like(x, 1), b.binary("multiply", x, b.binary("subtract", b.scalar_like(s, 1), s))));
   return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
@@ -1582,7 +1612,7 @@ at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
 at::Tensor sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::sigmoid_backward");
   auto& b = op.b();
-  Value y = op.input(out), g = op.input(grad);
+  auto [g, y] = broadcast_pair(b, op.input(grad), op.input(out));
   // Complex inputs: PyTorch's convention multiplies by the conjugate derivative.
   Value r = b.binary("multiply", g, b.conj(b.binary("multiply", y, b.binary("subtract", b.scalar_like(y, 1), y))));
   return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
@@ -1591,7 +1621,7 @@ at::Tensor sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
 at::Tensor tanh_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::tanh_backward");
   auto& b = op.b();
-  Value y = op.input(out), g = op.input(grad);
+  auto [g, y] = broadcast_pair(b, op.input(grad), op.input(out));
   Value r = b.binary("multiply", g, b.conj(b.binary("subtract", b.scalar_like(y, 1), b.binary("multiply", y, y))));
   return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
 }
