@@ -43,7 +43,7 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
 
     m = copy.deepcopy(model).double()
     can_set = getattr(m, "_can_set_experts_implementation", None)
-    if can_set is not None and getattr(m.config, "_experts_implementation", None) not in (None, "eager"):
+    if can_set is not None:  # the top config may not hold it (a multimodal model's text config does)
         try:
             if can_set():
                 m.set_experts_implementation("eager")

@@ -129,6 +129,16 @@ def audio_samples(config: Any, frames: int) -> int:
     return n
 
 
+def _patch_grid(config: Any, shape: Shape) -> tuple[torch.Tensor, tuple[int, int]]:
+    """(grid_thw, flattened patches' shape) for `shape.batch` images of 2 x 2 merged patches."""
+    merge = int(_get(config, "spatial_merge_size", 2))
+    side = 2 * merge
+    grid = torch.tensor([[1, side, side]] * shape.batch, dtype=torch.long)
+    per_patch = (int(_get(config, "in_channels", None) or _get(config, "num_channels", 3))
+                 * int(_get(config, "temporal_patch_size", 1)) * int(_get(config, "patch_size", 14)) ** 2)
+    return grid, (shape.batch * side * side, per_patch)
+
+
 def _features(config: Any, shape: Shape, draw: Draw) -> torch.Tensor:
     """Filterbank features: Whisper-like (batch, mel bins, 2 * max_source_positions), else
     (batch, frames, features)."""
@@ -149,6 +159,8 @@ def _labels(head: str, config: Any, shape: Shape, draw: Draw, inputs: dict[str, 
     num_labels = int(_get(config, "num_labels", 2))
     if head in ("causal-lm", "masked-lm") and "input_ids" in inputs:
         return inputs["input_ids"].clone()
+    if head in ("seq2seq-lm", "speech-seq2seq") and "decoder_input_ids" not in inputs and "input_ids" in inputs:
+        return inputs["input_ids"].clone()  # a decoder-only model listed as sequence-to-sequence (audio LMs)
     if head in ("seq2seq-lm", "speech-seq2seq"):
         return draw.ids(allowed, shape.batch, shape.decoder_seq) if len(allowed) else None
     if head in ("image-classification", "audio-classification", "sequence-classification"):
@@ -189,6 +201,14 @@ def make_inputs(model: torch.nn.Module, config: Any, head: str, model_type: str 
     if wants("pixel_values") or ((shape.with_pixels or dual) and "pixel_values" in params):
         h, w = _image_size(config, shape)
         inputs["pixel_values"] = draw.floats(shape.batch, _channels(config), h, w)
+    if wants("grid_thw"):
+        # Qwen-VL-like vision towers: flattened patches of one image per batch item, with the
+        # image's (frames, height, width) in patches.
+        grid, patches = _patch_grid(config, shape)
+        inputs["grid_thw"] = grid
+        for name in ("hidden_states", "pixel_values"):
+            if wants(name):
+                inputs[name] = draw.floats(*patches)
     if wants("input_values"):
         c = _sub(config, "audio_config", "encoder_config")
         inputs["input_values"] = draw.floats(shape.batch, audio_samples(c, shape.frames))

@@ -16,6 +16,8 @@ CONFIG_OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8},
     # attention_types: [[kinds, repeats]] spelling the layer pattern; one global and one local layer.
     "gpt_neo": {"attention_types": [[["global", "local"], 1]]},
+    # The neck reads four backbone layers: four layers, all read.
+    "dpt": {"num_hidden_layers": 4, "backbone_out_indices": [0, 1, 2, 3]},
 }
 
 INPUT_OVERRIDES: dict[str, dict[str, Any]] = {

@@ -58,16 +58,16 @@ _is_intermediate = _rule(r"intermediate|ffn|^d_ff$|_d_ff$|n_inner|mlp_dim|inner_
 _is_width = _rule(r"^(hidden_size|d_model|n_embd|embed_dim|dim|hidden_dim|d_embed|model_dim|embedding_size|"
                   r"embedding_dim|emb_dim|d_hidden|projection_dim|.*_hidden_size|.*_embed_dim|.*_d_model|"
                   r".*_proj_dim|.*_proj_size|.*_embedding_dim|.*_embedding_size|.*_hidden_dim|.*_model_dim|"
-                  r".*_emb_dim|codevector_dim)$")
+                  r".*_emb_dim|codevector_dim|d_latents|.*_channel|.*_channels|channels)$")
 _is_layers = _rule(r"^(num_hidden_layers|num_layers|n_layer|n_layers|depth|.*_layers|num_.*_layers|"
-                   r"num_.*_layer|.*_depth|num_blocks|n_blocks)$")
+                   r"num_.*_layer|.*_depth|num_blocks|n_blocks|num_self_attends_per_block)$")
 _is_first_dense = _rule(r"^(first_k_dense_replace|first_k_dense|num_dense_layers|n_dense_layers)$")
 _is_experts = _rule(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|"
                     r"n_experts|expert_num|num_moe_experts|.*_num_experts)$")
 _is_top_k = _rule(r"^(num_experts_per_tok|num_experts_per_token|moe_top_k|top_k|moe_k|num_selected_experts|"
                   r"experts_per_token|.*_experts_per_tok|router_top_k|moe_topk)$")
 _is_shared_experts = _rule(r"^(n_shared_experts|num_shared_experts|shared_experts|moe_num_shared_experts)$")
-_is_vocab = _rule(r"(^|_)vocab_size(_|$)")
+_is_vocab = _rule(r"vocab")
 is_token_id = _rule(r"(token_id|token_index|token_ids|_token|_idx)$")
 _is_positions = _rule(r"^(max_position_embeddings|n_positions|max_seq_len|max_sequence_length|"
                       r"max_target_positions|n_ctx|max_len|max_length|.*_max_position_embeddings|"
@@ -77,8 +77,13 @@ _is_image = _rule(r"^(image_size|img_size|.*_image_size|input_size|crop_size)$")
 _is_patch = _rule(r"^(patch_size|.*_patch_size)$")
 _is_rotary_dim = _rule(r"^(rotary_dim|rotary_emb_dim|rope_dim|rotary_ndims)$")
 _is_rank = _rule(r"(_lora_rank|^time_step_rank|_rank)$")
-_is_width_list = _rule(r"(hidden_sizes|embed_dims|^dims$|_dims$|conv_dim|tdnn_dim|channels$|_sizes$|hidden_dim$|"
+_not_width = _rule(r"kernel|stride|ratio|dilation|padding|pool|window|factor|patch|scale")
+_is_width_list_name = _rule(r"(hidden_sizes|embed_dims|^dims$|_dims$|conv_dim|tdnn_dim|channels$|_sizes$|hidden_dim$|"
                        r"^widths|_widths$|neck_hidden_sizes|embed_dim$)")
+def _is_width_list(name: str) -> bool:
+    return _is_width_list_name(name) and not _not_width(name)
+
+
 _is_depth_list = _rule(r"(depths$|^depth$|num_layers$|layers$|^blocks$|_blocks$|num_blocks$|block_repeats)")
 _is_heads_list = _rule(r"heads$|num_heads$|attention_heads$")
 
@@ -93,6 +98,8 @@ def _shrink_int(name: str, v: int, kv_heads_of: dict[str, int]) -> int | None:
         return HEADS if v == kv_heads_of.get("heads", -1) else min(v, 2)
     if _is_heads(name):
         return min(v, HEADS)
+    if name in ("qk_nope_head_dim", "qk_rope_head_dim"):
+        return min(v, HEAD_DIM // 2)  # multi-head latent attention: a query/key head of HEAD_DIM in all
     if _is_head_dim(name):
         return min(v, HEAD_DIM)
     if _is_first_dense(name):
@@ -125,8 +132,6 @@ def _shrink_int(name: str, v: int, kv_heads_of: dict[str, int]) -> int | None:
         return min(v, HEAD_DIM)
     if name == "num_groups":
         return min(v, GROUPS)
-    if name == "window_size":
-        return min(v, WINDOW)
     if _is_rank(name):
         return min(v, RANK)
     if _is_width(name):
@@ -134,21 +139,26 @@ def _shrink_int(name: str, v: int, kv_heads_of: dict[str, int]) -> int | None:
     return None
 
 
-def _scale_list(values: list[int]) -> list[int]:
-    """Per-stage widths scaled down together (by a common divisor where there is one)."""
-    top = max(values)
+def _scale(values: list[int]) -> Callable[[int], int]:
+    """One scaling for every per-stage width list of a config (a stage's output width is the next
+    one's input, across lists): by a common divisor where there is one, else proportionally."""
+    top = max(values, default=0)
     if top <= LIST_WIDTH:
-        return values
+        return lambda x: x
     k = top // LIST_WIDTH
     while k > 1 and any(v % k for v in values):
         k -= 1
     if k > 1 and top // k <= 2 * LIST_WIDTH:
-        return [v // k for v in values]
-    return [max(8, round(v * LIST_WIDTH / top)) for v in values]
+        return lambda x: x // k
+    return lambda x: max(8, round(x * LIST_WIDTH / top))
 
 
-def _shrink_list(name: str, v: list[Any]) -> list[Any] | None:
-    if not v or not all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+def _ints(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+
+
+def _shrink_list(name: str, v: list[Any], width: Callable[[int], int]) -> list[Any] | None:
+    if not _ints(v):
         return None
     if _is_heads_list(name):
         g = math.gcd(*v)
@@ -156,7 +166,7 @@ def _shrink_list(name: str, v: list[Any]) -> list[Any] | None:
     if _is_depth_list(name):
         return [min(x, 1) for x in v]
     if _is_width_list(name):
-        return _scale_list(v)
+        return [width(x) for x in v]
     if _is_image(name) or (name.endswith("image_size") and len(v) == 2):
         return [min(x, IMAGE) for x in v]
     if _is_patch(name) and len(v) == 2:
@@ -250,6 +260,8 @@ def shrink(config: Any, tokens: _TokenIds | None = None, overrides: dict[str, An
     heads = next((v for k, v in values.items() if k == "num_attention_heads" and isinstance(v, int)), -1)
     layer_counts = _layer_count(values)
     per_layer = {k: v for k, v in values.items() if _per_layer(k, v, layer_counts)}
+    width = _scale([x for k, v in values.items() if _ints(v) and _is_width_list(k) and not _is_heads_list(k)
+                    and not _is_depth_list(k) for x in v])
     for name, v in values.items():
         if name in per_layer or v is None or isinstance(v, bool):
             continue
@@ -270,11 +282,11 @@ def shrink(config: Any, tokens: _TokenIds | None = None, overrides: dict[str, An
             if new is not None and new != v:
                 changed[name] = new
         elif isinstance(v, (list, tuple)):
-            new_list = _shrink_list(name, list(v))
+            new_list = _shrink_list(name, list(v), width)
             if new_list is not None and new_list != list(v):
                 changed[name] = type(v)(new_list)
         elif isinstance(v, dict) and name in ("rope_parameters", "rope_scaling"):
-            rope = _shrink_rope(v)
+            rope = _shrink_rope(v, values)
             if rope != v:
                 changed[name] = rope
     if per_layer:
@@ -282,11 +294,14 @@ def shrink(config: Any, tokens: _TokenIds | None = None, overrides: dict[str, An
         keep = _keep_layers([list(v) for v in per_layer.values() if len(v) == n_old], n_old)
         for name, v in per_layer.items():
             if len(v) == n_old:
-                picked = [v[i] for i in keep]
+                picked = [_shrink_int(name, x, {"heads": heads}) or x if isinstance(x, int) and not isinstance(x, bool)
+                          else x for x in (v[i] for i in keep)]
                 changed[name] = "".join(picked) if isinstance(v, str) else picked
         for name, v in values.items():
             if _is_layers(name) and v == n_old:
                 changed[name] = len(keep)
+    if "qk_rope_head_dim" in changed and values.get("head_dim") == values.get("qk_rope_head_dim"):
+        changed["head_dim"] = changed["qk_rope_head_dim"]  # MLA: head_dim names the rotary part
     changed.update(_unset(values, heads))
     changed.update(_fit_windows({**values, **changed}))
     mrope = _default_mrope(cls, {**values, **changed})
@@ -307,7 +322,7 @@ def _unset(values: dict[str, Any], heads: int) -> dict[str, Any]:
     for name, v in values.items():
         if v is not None:
             continue
-        if _is_vocab(name):
+        if _is_vocab(name) and name.endswith("vocab_size"):
             out[name] = VOCAB
         elif name == "head_dim" and heads > 0:
             out[name] = HEAD_DIM
@@ -319,14 +334,15 @@ def _unset(values: dict[str, Any], heads: int) -> dict[str, Any]:
 
 
 def _fit_windows(values: dict[str, Any]) -> dict[str, Any]:
-    """Swin-like stages: the image must leave the last stage at least one window wide
-    (image >= patch * window * 2^(stages - 1)), else the model's relative-position tables part
-    from its windows."""
+    """Swin-like stages (a depths list): windows of WINDOW patches, and an image that leaves the
+    last stage at least one window wide (image >= patch * window * 2^(stages - 1)), else the
+    model's relative-position tables part from its windows."""
     window, patch, image, depths = (values.get(k) for k in ("window_size", "patch_size", "image_size", "depths"))
     if not all(isinstance(x, int) for x in (window, patch, image)) or not isinstance(depths, (list, tuple)):
         return {}
+    window = min(window, WINDOW)
     need = patch * window * 2 ** (len(depths) - 1)
-    return {"image_size": need} if image < need else {}
+    return {"window_size": window, "image_size": max(image, need)}
 
 
 def _default_mrope(cls: type, values: dict[str, Any]) -> dict[str, Any] | None:
@@ -337,18 +353,26 @@ def _default_mrope(cls: type, values: dict[str, Any]) -> dict[str, Any] | None:
         return None
     if "mrope_section" in rope:
         return None
-    half = HEAD_DIM // 2
+    half = _rotary_half(rope, values)
     return {**rope, "mrope_section": [half - 2 * (half * 3 // 8), half * 3 // 8, half * 3 // 8]}
 
 
-def _shrink_rope(rope: dict[str, Any]) -> dict[str, Any]:
+def _rotary_half(rope: dict[str, Any], values: dict[str, Any]) -> int:
+    """Half the rotary dims of a HEAD_DIM head (a partial rotary factor rotates part of it)."""
+    factor = rope.get("partial_rotary_factor", values.get("partial_rotary_factor")) or 1.0
+    return max(1, int(HEAD_DIM * float(factor)) // 2)
+
+
+def _shrink_rope(rope: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
     """Rotary parameters: multimodal sections (summing to half the head dim) rescaled to HEAD_DIM."""
     out: dict[str, Any] = {}
     for k, v in rope.items():
         if isinstance(v, dict):
-            out[k] = _shrink_rope(v)
+            out[k] = _shrink_rope(v, values)
+        elif k == "original_max_position_embeddings" and isinstance(v, int):
+            out[k] = min(v, POSITIONS // 2)  # YaRN/LongRoPE: extended from half the tiny context
         elif k in ("mrope_section", "mrope_sections") and isinstance(v, list) and v:
-            half = HEAD_DIM // 2
+            half = _rotary_half(rope, values)
             total = sum(v)
             scaled = [max(1, x * half // total) for x in v]
             scaled[0] += half - sum(scaled)
