@@ -79,6 +79,15 @@ def test_a_failure_the_spec_does_not_name_fails_the_run(tmp_path: Path) -> None:
     assert code == 1 and "FAILED TestTinyPRIVATEUSE1::test_known_gap_pjrt" in out, out
 
 
+def test_a_spec_that_does_not_load_stops_the_run_before_any_test(tmp_path: Path) -> None:
+    (tmp_path / "report.md").write_text("| the last report |\n")
+    code, out = _run(tmp_path, "3.0", SPEC + '"TestTinyPRIVATEUSE1::test_add_pjrt" = { expect = "fail" \n')
+    assert code == 2 and "spec.toml cannot be used: TOMLDecodeError" in out, out
+    code, out = _run(tmp_path, "3.0", SPEC.replace(', reason = "a gap under test"', ""))
+    assert code == 2 and "needs expect = 'fail' or 'skip', and a reason" in out, out
+    assert (tmp_path / "report.md").read_text() == "| the last report |\n"
+
+
 def test_a_pattern_names_a_family_of_tests(tmp_path: Path) -> None:
     spec = '''["test_tiny.py"]
 "TestTinyPRIVATEUSE1::test_fails_everywhere_pjrt" = { expect = "fail", cpu_too = true, reason = "1 is not 2" }

@@ -22,6 +22,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("transformers")
 
+from torch_pjrt.qualify.differential import Comparison  # noqa: E402
 from torch_pjrt.tools.zoo import build, catalog, execute, inputs, judge, pool, report, results, shrink  # noqa: E402
 
 # Spread over families, each small and quick to compile. (type: why it is here)
@@ -265,3 +266,63 @@ def test_results_resume_and_report(tmp_path: pytest.TempPathFactory) -> None:
     assert "- a (fused): 75 s" in text  # compile-time outlier
     assert "ImportError: timm" in text
     assert "histc: input # bad" in text  # failures grouped by their normalized message
+
+
+def test_judge_floor_is_below_the_denormal_range() -> None:
+    """Differences under 16 x tiny / eps (what flushed denormal intermediates can leave) pass; one
+    above an exact zero does not."""
+    c = Comparison()
+    exact = torch.full((4,), 4e-36, dtype=torch.float64)
+    judge.judge_tensor(c, "tiny", exact * 1.2, exact, exact.clone())
+    assert c.passed
+    zeros = torch.zeros(4, dtype=torch.float64)
+    judge.judge_tensor(c, "zero", torch.full((4,), 1e-28, dtype=torch.float64), zeros, zeros.clone())
+    assert not c.passed and c.mismatches[0].tensor == "zero"
+
+
+def test_a_cancelled_gradient_is_judged_at_its_modules_scale() -> None:
+    """A bias gradient that is zero in exact arithmetic (rounding of its module's size on the
+    device) passes; the same error where the module's gradients are as small does not."""
+    zeros = torch.zeros(8, dtype=torch.float64)
+    weight = torch.linspace(-1e-3, 1e-3, 8, dtype=torch.float64)
+    exact = execute.Run(outputs={}, grads={"norm.weight": weight, "norm.bias": zeros})
+    device = execute.Run(outputs={}, grads={"norm.weight": weight.clone(), "norm.bias": zeros + 6e-12})
+    assert judge.module_scales(exact.grads) == {"norm": 1e-3}
+    assert judge.compare(device, exact, copy.deepcopy(exact)).passed
+    small = execute.Run(outputs={}, grads={"norm.weight": weight * 1e-9, "norm.bias": zeros})
+    device.grads["norm.weight"] = weight * 1e-9
+    c = judge.compare(device, small, copy.deepcopy(small))
+    assert [m.tensor for m in c.mismatches] == ["grad:norm.bias"]
+
+
+def test_constant_matrices_are_redrawn() -> None:
+    m = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.LayerNorm(3))
+    with torch.no_grad():
+        m[0].weight.zero_()
+        m[0].bias.zero_()
+    assert build.redraw_constant_matrices(m, 0.02) == ["0.weight"]
+    assert m[0].weight.std() > 0 and bool((m[0].bias == 0).all()) and bool((m[1].weight == 1).all())
+
+
+def test_a_float64_reference_with_nans_is_no_reference() -> None:
+    r32, r64 = _bert_runs()
+    assert judge.references_disagree(r32, r64) == ""
+    broken = copy.deepcopy(r64)
+    name = "bert.embeddings.word_embeddings.weight"
+    g = broken.grads[name]
+    assert g is not None
+    broken.grads[name] = torch.where(torch.arange(g.numel()).view_as(g) % 7 == 0, float("nan"), g)
+    assert judge.references_disagree(r32, broken).startswith(f"grad:{name}:")
+
+
+def test_a_rerun_of_one_mode_keeps_the_others(tmp_path: pytest.TempPathFactory) -> None:
+    path = str(tmp_path / "r.jsonl")  # type: ignore[operator]
+    write = results.Writer(path)
+    write({"type": "a", "status": results.RAN, "modes": {"strict": {"status": "pass"}, "fused": {"status": "error"}}})
+    write({"type": "a", "status": results.RAN, "modes": {"fused": {"status": "pass"}, "compiled": {"status": "pass"}}})
+    write({"type": "b", "status": results.RAN, "modes": {"strict": {"status": "pass"}}})
+    write({"type": "b", "status": judge.CPU_FAILS, "reason": "float64 run is no reference"})
+    got = results.load(path)
+    assert {m: v["status"] for m, v in got["a"]["modes"].items()} == {"strict": "pass", "fused": "pass",
+                                                                      "compiled": "pass"}
+    assert got["b"]["status"] == judge.CPU_FAILS and "modes" not in got["b"]

@@ -32,7 +32,7 @@ import sys
 import tempfile
 import time
 
-from .spec import SPEC, lookup
+from .spec import SPEC, check, lookup
 
 # test_ops.py: the tests that check a device (compare-to-CPU, out=, out warnings,
 # variant consistency, non-contiguous samples, errors, non-standard bools, int-to-float
@@ -291,6 +291,9 @@ def main() -> None:
         parser.error(f"no {', '.join(unknown)} in {' or '.join(args.directories)}")
     if args.resume and not args.outcomes:
         parser.error("--resume needs --outcomes")
+    problem = check()  # here, before any run: a bad spec inside pytest is an INTERNALERROR per file
+    if problem:
+        parser.error(problem)
     results = []
     for name in names:
         result = run_file(found[name], _sample_size(args.sample, name),

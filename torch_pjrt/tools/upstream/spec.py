@@ -39,8 +39,22 @@ def load(path: str = SPEC) -> dict[str, dict[str, Entry]]:
     return spec
 
 
+def path_in_use() -> str:
+    return os.environ.get("TORCH_PJRT_UPSTREAM_SPEC", SPEC)
+
+
+def check() -> str:
+    """"" when the spec in use loads, else what is wrong with it, naming the file."""
+    path = path_in_use()
+    try:
+        load(path)
+    except (OSError, tomllib.TOMLDecodeError, ValueError, AttributeError) as ex:
+        return f"the spec {path} cannot be used: {type(ex).__name__}: {ex}"
+    return ""
+
+
 def entries_for(file: str) -> dict[str, Entry]:
-    return load(os.environ.get("TORCH_PJRT_UPSTREAM_SPEC", SPEC)).get(file, {})
+    return load(path_in_use()).get(file, {})
 
 
 def lookup(file: str, test: str) -> Entry | None:

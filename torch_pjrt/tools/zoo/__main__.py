@@ -36,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--report", default=DEFAULT_REPORT, help="markdown report written from the results file")
     p.add_argument("--no-report", action="store_true", help="do not write the report")
     p.add_argument("--report-only", action="store_true", help="write the report from the results file and exit")
+    p.add_argument("--runs", default="", help="with --report-only: the commands that made the records, for the header")
     p.add_argument("--logs", default=None, help="directory for the workers' logs (default: a temporary one)")
     p.add_argument("--list", action="store_true", help="print the selected types and classes and exit")
     return p
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     catalog_size = len(catalog.entries())
     if args.report_only:
+        if args.runs:
+            command = f"{command}` from the records of `{args.runs}"
         report.write(args.report, results.load(args.results), report.environment(command), catalog_size,
                      len(results.load(args.results)), args.results)
         print(f"wrote {args.report}")

@@ -112,6 +112,12 @@ def _image_size(config: Any, shape: Shape) -> tuple[int, int]:
     return int(size), int(size)
 
 
+def _frames(config: Any) -> int:
+    vc = _sub(config, "vision_config", "video_config")
+    return int(_get(vc, "num_frames", None) or _get(vc, "frames_per_clip", None)
+               or _get(config, "num_frames", None) or 0)
+
+
 def _channels(config: Any) -> int:
     vc = _sub(config, "vision_config", "backbone_config", "encoder_config", "image_config")
     return int(_get(vc, "num_channels", None) or _get(config, "num_channels", 3))
@@ -200,7 +206,12 @@ def make_inputs(model: torch.nn.Module, config: Any, head: str, model_type: str 
     dual = head in DUAL_HEADS and "input_ids" in inputs
     if wants("pixel_values") or ((shape.with_pixels or dual) and "pixel_values" in params):
         h, w = _image_size(config, shape)
-        inputs["pixel_values"] = draw.floats(shape.batch, _channels(config), h, w)
+        frames = _frames(config)
+        clip = (frames,) if frames else ()  # video models: (batch, frames, channels, height, width)
+        inputs["pixel_values"] = draw.floats(shape.batch, *clip, _channels(config), h, w)
+    if wants("pixel_values_videos"):
+        h, w = _image_size(config, shape)
+        inputs["pixel_values_videos"] = draw.floats(shape.batch, _frames(config) or 4, _channels(config), h, w)
     if wants("grid_thw"):
         # Qwen-VL-like vision towers: flattened patches of one image per batch item, with the
         # image's (frames, height, width) in patches.

@@ -4,7 +4,8 @@ A record holds the catalog entry (type, class, head, base), the architecture's s
 ("ran", or an exclusion: cpu-fails, no-config) with its reason, the CPU reference's
 figures, and per mode: status, detail, worst error/bound and where, fallen-back ops,
 compiles, compile seconds and wall seconds. The last record of a type wins (a rerun
-replaces an older one).
+replaces an older one), except that modes it did not run are kept from the record before
+it when both ran (a sweep of compiled mode alone adds to the eager modes' records).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def exit_detail(code: int | None) -> str:
 
 
 def load(path: str) -> dict[str, Record]:
-    """The latest record per type (an unreadable last line, from a killed run, is skipped)."""
+    """The latest record per type, with the modes it lacks from earlier records of the type when
+    both ran (an unreadable last line, from a killed run, is skipped)."""
     found: dict[str, Record] = {}
     if not os.path.exists(path):
         return found
@@ -81,6 +83,9 @@ def load(path: str) -> dict[str, Record]:
                 rec = json.loads(line)
             except json.JSONDecodeError:
                 continue
+            earlier = found.get(rec["type"])
+            if earlier is not None and earlier.get("status") == RAN and rec.get("status") == RAN:
+                rec["modes"] = {**earlier.get("modes", {}), **rec.get("modes", {})}
             found[rec["type"]] = rec
     return found
 

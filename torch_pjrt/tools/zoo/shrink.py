@@ -128,6 +128,8 @@ def _shrink_int(name: str, v: int, kv_heads_of: dict[str, int]) -> int | None:
         return min(v, IMAGE)
     if _is_patch(name):
         return min(v, PATCH)
+    if name in ("num_frames", "frames_per_clip"):
+        return min(v, 4)  # video clips: a multiple of every tubelet depth in transformers (2)
     if _is_rotary_dim(name):
         return min(v, HEAD_DIM)
     if name == "num_groups":

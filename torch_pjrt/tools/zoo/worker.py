@@ -80,6 +80,9 @@ def reference(entry: catalog.Entry) -> tuple[dict[str, Any], Any]:
         seconds = time.perf_counter() - start
     except Exception as ex:  # noqa: BLE001
         return {"status": judge.CPU_FAILS, "reason": f"{stage}: {first_line(ex)}", "where": where(ex)}, None
+    disagree = judge.references_disagree(r32, r64)
+    if disagree:
+        return {"status": judge.CPU_FAILS, "reason": f"float64 run is no reference: {disagree}"}, None
     info = {"params": build.parameter_count(model), "cpu_seconds": round(seconds, 3),
             "outputs": list(r64.outputs), "inputs": {k: list(v.shape) for k, v in x.items()
                                                      if isinstance(v, torch.Tensor)},
