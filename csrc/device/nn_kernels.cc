@@ -768,7 +768,8 @@ at::Tensor pad_fn(const char* name, const at::Tensor& self, c10::IntArrayRef pad
     auto idx = mode == PadMode::Reflect ? L::reflect_indices(in, low, high) : L::replicate_indices(in, low, high);
     r = grad ? L::take_along_backward(b, r, dim, idx, in) : L::take_along(b, r, dim, idx);
   }
-  return finish(op, r, self.scalar_type(), nullptr);
+  // ATen's pads and their gradients take the input's suggested memory format (channels-last stays so).
+  return finish(op, r, self.scalar_type(), nullptr, self.suggest_memory_format());
 }
 
 #define PAD_KERNELS(MODE_NAME, MODE, N)                                                                          \
@@ -801,7 +802,7 @@ at::Tensor constant_pad_nd_fn(const at::Tensor& self, c10::IntArrayRef pad, cons
   auto& b = op.b();
   Value v = b.convert(op.scalar(value, self.scalar_type()), to_ir(self.scalar_type()));
   Value r = b.pad(op.input(self), v, low, high, std::vector<int64_t>(self.dim(), 0));
-  return finish(op, r, self.scalar_type(), nullptr);
+  return finish(op, r, self.scalar_type(), nullptr, self.suggest_memory_format());  // as ATen lays it out
 }
 
 // ---------------------------------------------------------------- shape
@@ -1645,9 +1646,15 @@ std::tuple<at::Tensor, at::Tensor> fractional_max_pool_fn(size_t k, const char* 
   TORCH_CHECK(batched || self.dim() == static_cast<int64_t>(k) + 1, name, ": expected ", k + 1, "D or ", k + 2,
               "D input, got ", self.sizes());
   at::Tensor x = batched ? self : self.unsqueeze(0);
-  at::Tensor u = batched ? samples : samples.reshape({1, samples.size(-2), samples.size(-1)});
-  TORCH_CHECK(u.dim() == 3 && u.size(0) == x.size(0) && u.size(1) == x.size(1) && u.size(2) == static_cast<int64_t>(k),
-              name, ": expected random_samples of shape [N, C, ", k, "], got ", samples.sizes());
+  // ATen's rules: [at least N, C, k]; the first N rows are used (an unbatched input is N = 1).
+  TORCH_CHECK(samples.dim() == 3, name, ": expected _random_samples to have 3 dimensions, got ", samples.dim());
+  TORCH_CHECK(samples.size(0) >= x.size(0), name, ": expected _random_samples.size(0) (", samples.size(0),
+              ") to be at least the input's batch size (", x.size(0), ")");
+  TORCH_CHECK(samples.size(1) == x.size(1), name, ": expected _random_samples.size(1) (", samples.size(1),
+              ") to equal the input's channel count (", x.size(1), ")");
+  TORCH_CHECK(samples.size(2) == static_cast<int64_t>(k), name, ": expected _random_samples.size(2) to be ", k,
+              ", got ", samples.size(2));
+  at::Tensor u = samples.size(0) == x.size(0) ? samples : samples.narrow(0, 0, x.size(0));
   for (size_t d = 0; d < k; ++d) {
     TORCH_CHECK(output[d] + kernel[d] - 1 <= x.size(2 + d), name, ": output_size[", d, "] + pool_size[", d,
                 "] - 1 (", output[d] + kernel[d] - 1, ") is too large relative to input size (", x.size(2 + d), ")");

@@ -134,6 +134,22 @@ def test_pad_modes(mode: str) -> None:
     check(lambda x: F.pad(x, (1, 1, 1, 0, 0, 1), mode=mode), rnd(1, 2, 3, 4, 3))
 
 
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "constant", "circular"])
+def test_pad_keeps_channels_last_as_the_cpu_does(mode: str) -> None:
+    # The result's and the input gradient's layouts are the CPU's, not only their values.
+    for shape, pad, fmt in (((2, 3, 5, 4), (1, 2, 2, 0), torch.channels_last),
+                            ((1, 2, 3, 4, 3), (1, 1, 1, 0, 0, 1), torch.channels_last_3d)):
+        x = rnd(*shape).to(memory_format=fmt).requires_grad_()
+        xd = x.detach().to("pjrt").requires_grad_()
+        y, yd = F.pad(x, pad, mode=mode), F.pad(xd, pad, mode=mode)
+        g = torch.randn(y.shape)
+        y.backward(g)
+        yd.backward(g.to("pjrt"))
+        assert yd.stride() == y.stride() and xd.grad.stride() == x.grad.stride(), mode
+        torch.testing.assert_close(yd.cpu(), y.detach(), rtol=0, atol=0)
+        torch.testing.assert_close(xd.grad.cpu(), x.grad)  # sums of a few terms, in another order
+
+
 def test_constant_pad_negative_and_value() -> None:
     check(lambda x: F.pad(x, (-1, 2, 0, -2), value=3.5), rnd(2, 4, 5))
 
@@ -505,3 +521,24 @@ def test_embedding_bag_max_keeps_cpu_nan_rule() -> None:
         with torch_pjrt.fallback_mode("error"):
             out = F.embedding_bag(idx.to(DEV), weight.to(DEV), offsets.to(DEV), mode="max")
         assert_close(out, F.embedding_bag(idx, weight, offsets, mode="max"))
+
+
+@pytest.mark.parametrize("dims", [2, 3])
+def test_fractional_max_pool_takes_samples_as_aten_does(dev, dims):
+    # More sample rows than the batch (the first are used; an unbatched input uses row 0), and
+    # ATen's errors for the wrong rank, too few rows, other channels or another window rank.
+    gen = torch.Generator().manual_seed(1)
+    op = torch.ops.aten.fractional_max_pool2d if dims == 2 else torch.ops.aten.fractional_max_pool3d
+    kernel, out = [2] * dims, [3] * dims
+    samples = torch.rand(3, 4, dims, generator=gen, dtype=torch.float64)
+    for shape in ((2, 4) + (7,) * dims, (4,) + (7,) * dims):
+        x = torch.randn(*shape, generator=gen, dtype=torch.float64)
+        want = op(x, kernel, out, samples)
+        got = op(x.to(dev), kernel, out, samples.to(dev))
+        assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+    x = torch.randn((2, 4) + (7,) * dims, generator=gen, dtype=torch.float64)
+    for bad in (samples[0], samples[:1], samples[:, :3], torch.rand(3, 4, dims + 1, dtype=torch.float64)):
+        with pytest.raises(RuntimeError):
+            op(x, kernel, out, bad)
+        with pytest.raises(RuntimeError, match="_random_samples"):
+            op(x.to(dev), kernel, out, bad.to(dev))
