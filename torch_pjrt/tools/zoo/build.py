@@ -24,6 +24,10 @@ def model_class(entry: Entry) -> type:
 def build(entry: Entry, config: Any | None = None) -> tuple[torch.nn.Module, Any]:
     """(model in eval mode, float32, on the CPU; its config). Weights drawn after
     torch.manual_seed(WEIGHT_SEED), so every process builds the same model."""
+    from . import diffusers_models
+
+    if diffusers_models.is_diffusers(entry.model_type):
+        return diffusers_models.build(entry, config)
     config = config if config is not None else tiny_config(entry.model_type)
     cls = model_class(entry)
     torch.manual_seed(WEIGHT_SEED)

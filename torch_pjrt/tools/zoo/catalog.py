@@ -1,7 +1,7 @@
 """Model types of the installed transformers and the class the sweep runs for each.
 
 A type is in the catalog when any auto mapping (MODEL_*_MAPPING_NAMES) names a class
-for it. Each type runs one class: the first head in HEADS that it has (the head most
+for it; diffusers' model classes follow, as "diffusers/<Class>" (diffusers_models.py). Each type runs one class: the first head in HEADS that it has (the head most
 users run), else its base model (MODEL_MAPPING_NAMES), else the first class any other
 mapping names for it.
 """
@@ -67,8 +67,10 @@ def _other_mappings() -> list[str]:
 
 
 def entries() -> list[Entry]:
-    """Every model type with an auto class, sorted by type."""
+    """Every model type with an auto class, sorted by type, then diffusers' classes."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    from .diffusers_models import entries as diffusers_entries
 
     base = _base_names()
     heads = [(head, _names(mapping)) for head, mapping in HEADS]
@@ -88,7 +90,7 @@ def entries() -> list[Entry]:
             head, cls = next((h, _first(names[t])) for h, names in others if t in names)
         result.append(Entry(t, CONFIG_MAPPING_NAMES.get(t, ""), head, cls,
                             _first(base[t]) if t in base else ""))
-    return result
+    return result + diffusers_entries()
 
 
 def _base_names() -> dict[str, str | tuple[str, ...]]:

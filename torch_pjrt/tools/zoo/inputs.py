@@ -182,6 +182,10 @@ def _labels(head: str, config: Any, shape: Shape, draw: Draw, inputs: dict[str, 
 
 def make_inputs(model: torch.nn.Module, config: Any, head: str, model_type: str = "") -> dict[str, Any]:
     """Keyword arguments for model(**inputs) on the CPU, float32."""
+    from . import diffusers_models
+
+    if diffusers_models.is_diffusers(model_type):
+        return diffusers_models.make_inputs(model, config, model_type)
     over = dict(INPUT_OVERRIDES.get(model_type, {}))
     extra = over.pop("extra", {})
     shape = Shape(**over)
@@ -209,6 +213,12 @@ def make_inputs(model: torch.nn.Module, config: Any, head: str, model_type: str 
         frames = _frames(config)
         clip = (frames,) if frames else ()  # video models: (batch, frames, channels, height, width)
         inputs["pixel_values"] = draw.floats(shape.batch, *clip, _channels(config), h, w)
+    if "noise" in params and "pixel_values" in inputs and _get(config, "mask_ratio", None) is not None:
+        # Masked autoencoders (ViT-MAE) shuffle patches by argsort of noise they draw unless given:
+        # given, every run masks the same patches.
+        h, w = _image_size(config, shape)
+        patch = int(_get(config, "patch_size", 16))
+        inputs["noise"] = draw.floats(shape.batch, (h // patch) * (w // patch)).abs()
     if wants("pixel_values_videos"):
         h, w = _image_size(config, shape)
         inputs["pixel_values_videos"] = draw.floats(shape.batch, _frames(config) or 4, _channels(config), h, w)

@@ -67,7 +67,7 @@ def run_one(model_type: str, modes: list[str], timeout: float, jobs: int = 1, lo
     """One worker, to its end or its time limit."""
     log_dir = log_dir or tempfile.mkdtemp(prefix="zoo-logs-")
     os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, f"{model_type}.log")
+    log_path = os.path.join(log_dir, model_type.replace("/", "__") + ".log")  # diffusers/<Class>: one file
     start = time.perf_counter()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(command(model_type, modes), stdout=subprocess.PIPE, stderr=log,

@@ -13,6 +13,7 @@ from importlib import metadata
 from typing import Any
 
 from . import judge
+from .diffusers_models import is_diffusers
 from .results import RAN, Record
 
 COMPILE_OUTLIER_S = 60.0
@@ -49,7 +50,7 @@ def environment(command: str) -> Environment:
     import platform
 
     versions = {"python": platform.python_version(), "torch": _version("torch"),
-                "transformers": _version("transformers"), "torch_pjrt": f"{_version('torch_pjrt')} (commit {_commit()})",
+                "transformers": _version("transformers"), "diffusers": _version("diffusers"), "torch_pjrt": f"{_version('torch_pjrt')} (commit {_commit()})",
                 "plugin": os.environ.get("TORCH_PJRT_PLUGIN", "cpu") + f" (fastatomstruct-xla-cpu "
                 f"{_version('fastatomstruct-xla-cpu')})"}
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
@@ -160,6 +161,9 @@ def render(records: dict[str, Record], env: Environment, catalog_size: int, plan
              "in eval mode with gradients: forward, then backward of sum over floating outputs of "
              "(output * fixed random weights). Every floating output and parameter gradient on pjrt is judged "
              "against CPU float64: error <= 16 x |CPU float32 - float64|max + 16 ulps(float32) x max|float64|.")
+    w.append("- Types named diffusers/<Class> are diffusers' UNet, autoencoder and diffusion-transformer classes "
+             "(`torch_pjrt/tools/zoo/diffusers_models.py`: the constructor's defaults shrunk, sample + timestep + "
+             "conditioning inputs), listed in their own section below and counted in the summary.")
     w.append("- Statuses per mode: **pass**; **mismatch** (a tensor beyond its bound; the worst named); "
              "**error** (pjrt raised: type and first line); **falls back** (values within bounds but some op "
              "ran through the CPU fallback); **timeout**; **crash** (the worker died). A mismatch outranks a "
@@ -204,8 +208,19 @@ def render(records: dict[str, Record], env: Environment, catalog_size: int, plan
     w.append("| type | class | " + " | ".join(modes) + " | worst error/bound | fallen-back ops | compile s | time s |")
     w.append("| --- | --- | " + " | ".join("---" for _ in modes) + " | --- | --- | ---: | ---: |")
     for r in ran:
-        w.append(_arch_row(r, modes))
+        if not is_diffusers(r["type"]):
+            w.append(_arch_row(r, modes))
     w.append("")
+    diffusion = [r for r in ran if is_diffusers(r["type"])]
+    if diffusion:
+        w.append("## diffusers models")
+        w.append("")
+        w.append("The same columns, for diffusers' model classes.")
+        w.append("")
+        w.append("| type | class | " + " | ".join(modes) + " | worst error/bound | fallen-back ops | compile s | time s |")
+        w.append("| --- | --- | " + " | ".join("---" for _ in modes) + " | --- | --- | ---: | ---: |")
+        w.extend(_arch_row(r, modes) for r in diffusion)
+        w.append("")
     w.append("## Excluded")
     w.append("")
     w.append("Not run on pjrt: the tiny config or the model did not build or run on the CPU (cpu-fails), or the "

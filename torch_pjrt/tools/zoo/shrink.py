@@ -385,13 +385,24 @@ def _shrink_rope(rope: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]
 
 
 def tiny_config(model_type: str) -> Any:
-    """CONFIG_MAPPING[model_type]()'s defaults, shrunk, with the type's overrides applied."""
+    """CONFIG_MAPPING[model_type]()'s defaults, shrunk, with the type's overrides applied
+    (a diffusers type: its constructor's arguments, diffusers_models.py)."""
     from transformers import CONFIG_MAPPING
+
+    from . import diffusers_models
+
+    if diffusers_models.is_diffusers(model_type):
+        return diffusers_models.tiny_config(model_type)
 
     return shrink(CONFIG_MAPPING[model_type](), overrides=CONFIG_OVERRIDES.get(model_type, {}))
 
 
 def default_config(model_type: str) -> Any:
     from transformers import CONFIG_MAPPING
+
+    from . import diffusers_models
+
+    if diffusers_models.is_diffusers(model_type):
+        return diffusers_models.default_config(model_type)
 
     return CONFIG_MAPPING[model_type]()

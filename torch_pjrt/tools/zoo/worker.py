@@ -50,7 +50,8 @@ def where(ex: BaseException) -> str:
     def short(f: traceback.FrameSummary) -> str:
         return f"{f.filename.split('site-packages/')[-1]}:{f.lineno} ({f.name})"
 
-    model_frames = [f for f in frames if "/transformers/models/" in f.filename or "/transformers/integrations/" in f.filename]
+    model_frames = [f for f in frames if "/transformers/models/" in f.filename or "/transformers/integrations/" in f.filename
+                    or "/diffusers/models/" in f.filename]
     inner = short(frames[-1])
     if model_frames and model_frames[-1] is not frames[-1]:
         return f"{short(model_frames[-1])} -> {inner}"
@@ -73,13 +74,21 @@ def reference(entry: catalog.Entry) -> tuple[dict[str, Any], Any]:
         stage = "float32 run"
         start = time.perf_counter()
         m32 = copy.deepcopy(model)
+        torch.manual_seed(0)
         r32 = execute.run(m32, m32, x)
+        stage = "float32 rerun"
+        m32 = copy.deepcopy(model)
+        torch.manual_seed(1)
+        again = execute.run(m32, m32, x)
         stage = "float64 run"
         m64 = build.float64_copy(model)
         r64 = execute.run(m64, m64, inputs.move(x, "cpu", torch.float64))
         seconds = time.perf_counter() - start
     except Exception as ex:  # noqa: BLE001
         return {"status": judge.CPU_FAILS, "reason": f"{stage}: {first_line(ex)}", "where": where(ex)}, None
+    drawn = judge.random_forward(r32, again)
+    if drawn:
+        return {"status": judge.CPU_FAILS, "reason": f"random forward: {drawn}"}, None
     disagree = judge.references_disagree(r32, r64)
     if disagree:
         return {"status": judge.CPU_FAILS, "reason": f"float64 run is no reference: {disagree}"}, None
