@@ -459,3 +459,19 @@ def test_report_lists_diffusers_types_in_their_section() -> None:
     assert len(section) == 2 and "| diffusers/UNet2DModel | UNet2DModel |" in section[1]
     assert "| diffusers/UNet2DModel |" not in section[0] and "| bert |" in section[0]
     assert "| strict | 2 | 2 |" in text  # the summary counts both
+
+
+@needs_diffusers
+def test_diffusers_float64_copy_embeds_timesteps_in_float64() -> None:
+    """diffusers computes its sinusoidal time embedding in float32 whatever the model's dtype: the
+    float64 reference computes it in float64 (else the bound there is float32's ulps alone)."""
+    from diffusers.models.embeddings import Timesteps
+
+    model, _ = build.build(catalog.entry("diffusers/DiTTransformer2DModel"))
+    m64 = build.float64_copy(model)
+    ts = [m for m in m64.modules() if isinstance(m, Timesteps)]
+    assert ts and not any(isinstance(m, Timesteps) and "forward" in vars(m) for m in model.modules())
+    t = torch.tensor([2, 629])
+    exact, float32 = ts[0](t), Timesteps.forward(ts[0], t)
+    assert exact.dtype == torch.float64 and float32.dtype == torch.float32
+    assert float(exact.sub(float32.double()).abs().max()) < 1e-4  # the same function

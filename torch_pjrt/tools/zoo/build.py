@@ -62,7 +62,10 @@ def float64_copy(model: torch.nn.Module) -> torch.nn.Module:
     summed in another order: float64's rounding is far below the bound either way."""
     import copy
 
+    from .diffusers_models import float64_time_embeddings
+
     m = copy.deepcopy(model).double()
+    float64_time_embeddings(m)  # diffusers' time embeddings: float32 whatever the model's dtype
     can_set = getattr(m, "_can_set_experts_implementation", None)
     if can_set is not None:  # the top config may not hold it (a multimodal model's text config does)
         try:

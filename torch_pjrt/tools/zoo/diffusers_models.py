@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import math
 import re
+import sys
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -69,8 +72,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 
 # Classes whose pipelines pass float timesteps (a flow-matching time in [0, 1] or sigma x 1000);
 # the others take integer diffusion steps.
-UNIT_TIMESTEPS = frozenset({"FluxTransformer2DModel"})
-SIGMA_TIMESTEPS = frozenset({"SD3Transformer2DModel", "AuraFlowTransformer2DModel", "SanaTransformer2DModel"})
+UNIT_TIMESTEPS = frozenset({"FluxTransformer2DModel", "AuraFlowTransformer2DModel"})  # scaled by 1000 inside
+SIGMA_TIMESTEPS = frozenset({"SD3Transformer2DModel", "SanaTransformer2DModel"})
 
 
 def is_diffusers(model_type: str) -> bool:
@@ -255,6 +258,35 @@ def build(entry: Entry, config: dict[str, Any] | None = None) -> tuple[torch.nn.
     redraw_constant_matrices(model, 0.02)
     run = EncodeDecode(model) if entry.model_class in ENCODE_DECODE else model
     return run.float().eval(), model.config
+
+
+def _timesteps_float64(self: torch.nn.Module, timesteps: torch.Tensor) -> torch.Tensor:
+    """diffusers' sinusoidal Timesteps embedding, in float64."""
+    half = self.num_channels // 2
+    exponent = -math.log(10000) * torch.arange(half, dtype=torch.float64, device=timesteps.device)
+    freqs = torch.exp(exponent / (half - self.downscale_freq_shift))
+    angles = self.scale * (timesteps[:, None].to(torch.float64) * freqs[None, :])
+    emb = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    if self.flip_sin_to_cos:
+        emb = torch.cat([emb[:, half:], emb[:, :half]], dim=-1)
+    return torch.nn.functional.pad(emb, (0, 1)) if self.num_channels % 2 else emb
+
+
+def float64_time_embeddings(model: torch.nn.Module) -> list[str]:
+    """Makes the float64 copy's Timesteps modules compute in float64. diffusers computes them in
+    float32 whatever the model's dtype, so the float64 run equalled the CPU's float32 there and
+    the bound shrank to ulps, while sin of angles up to 1000 moves by 1e-5 when exp's last bit
+    differs (as XLA's and the CPU's do, both within an ulp or two). Returns the modules changed."""
+    if "diffusers" not in sys.modules:
+        return []
+    from diffusers.models.embeddings import Timesteps
+
+    changed = []
+    for name, module in model.named_modules():
+        if isinstance(module, Timesteps):
+            module.forward = types.MethodType(_timesteps_float64, module)
+            changed.append(name)
+    return changed
 
 
 # ---- inputs ----
