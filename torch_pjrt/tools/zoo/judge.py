@@ -60,6 +60,20 @@ def judge_tensor(result: Comparison, name: str, device: torch.Tensor, exact: tor
     result.judge(0, name, device, exact, [float32], factor, floor_scale=max(floor_scale, FLOOR_SCALE))
 
 
+def random_forward(first: Run, second: Run) -> str:
+    """The first tensor that differs between two CPU float32 runs under other seeds ("" when
+    none): the forward draws random numbers (noise, a random mask) that no other run can
+    draw alike, so no run is a reference for another."""
+    for kind, a, b in (("out:", first.outputs, second.outputs), ("grad:", first.grads, second.grads)):
+        for name, t in a.items():
+            u = b.get(name)
+            if t is None or u is None:
+                continue
+            if t.shape != u.shape or not torch.equal(t.nan_to_num(), u.nan_to_num()):
+                return f"{kind}{name} changes with the seed (give what it draws as an input)"
+    return ""
+
+
 def references_disagree(float32: Run, exact: Run) -> str:
     """The first tensor whose shape or non-finite elements differ between the CPU's float32 and
     float64 runs ("" when none): float64 is then no reference for it (Longformer's float64
@@ -78,18 +92,30 @@ def references_disagree(float32: Run, exact: Run) -> str:
 
 
 def module_scales(grads: dict[str, torch.Tensor | None]) -> dict[str, float]:
-    """Per module (a parameter name less its last part): the largest float64 gradient of its
-    parameters. A gradient that cancels to (nearly) zero, such as the bias of a norm whose
-    output is normalized again, is a sum of terms as large as its module's other gradients, and
-    its rounding is of their size, not of its own."""
+    """Per module (every prefix of a parameter's name, "" the whole model): the largest float64
+    gradient of the parameters under it."""
     scales: dict[str, float] = {}
     for name, g in grads.items():
         if g is None or g.numel() == 0 or not g.is_floating_point():
             continue
-        module = name.rsplit(".", 1)[0]
         top = g[torch.isfinite(g)].abs().max().item() if torch.isfinite(g).any() else 0.0
-        scales[module] = max(scales.get(module, 0.0), top)
+        parts = name.split(".")
+        for k in range(len(parts)):
+            prefix = ".".join(parts[:k])
+            scales[prefix] = max(scales.get(prefix, 0.0), top)
     return scales
+
+
+def gradient_floor(name: str, scales: dict[str, float]) -> float:
+    """The scale a parameter's gradient is rounded at: a gradient that cancels to (nearly) zero,
+    such as the bias of a norm whose output is normalized again, is a sum of terms as large as
+    its module's other gradients; where they all cancel exactly (a block whose output the loss
+    does not depend on), as large as those of the nearest enclosing module that has any."""
+    module = name.rsplit(".", 1)[0] if "." in name else ""
+    while True:
+        if scales.get(module, 0.0) > 0 or not module:
+            return scales.get(module, 0.0)
+        module = module.rsplit(".", 1)[0] if "." in module else ""
 
 
 def compare(device: Run, exact: Run, float32: Run, factor: float = FACTOR) -> Comparison:
@@ -116,7 +142,7 @@ def compare(device: Run, exact: Run, float32: Run, factor: float = FACTOR) -> Co
             continue
         f32 = float32.grads.get(name)
         judge_tensor(result, "grad:" + name, got_grad, want_grad, f32 if f32 is not None else want_grad, factor,
-                     scales.get(name.rsplit(".", 1)[0], 0.0))
+                     gradient_floor(name, scales))
     return result
 
 
