@@ -387,6 +387,12 @@ std::string precision_attr() {
 }  // namespace
 
 void set_dot_precision_source(DotPrecisionSource source) { g_dot_precision_source = source; }
+
+namespace {
+std::atomic<bool> g_blocked_sums{false};
+}  // namespace
+void set_blocked_sums(bool on) { g_blocked_sums = on; }
+bool blocked_sums() { return g_blocked_sums.load(std::memory_order_relaxed); }
 DotPrecision dot_precision() {
   DotPrecisionSource source = g_dot_precision_source.load(std::memory_order_relaxed);
   return source ? source() : DotPrecision::Highest;
@@ -505,10 +511,56 @@ Value Builder::reduce_window_simple(Value input, Value init, const Window& windo
 
 Value Builder::reduce_simple(Value input, Value init, const std::vector<int64_t>& rdims,
                              const std::string& op) {
+  bool add = op == "add" || op == "stablehlo.add";
+  DType t = dtype(input);
+  if (add && is_floating(t) && !is_complex(t) && blocked_sums()) {
+    int64_t count = 1;
+    for (int64_t d : rdims) count *= dims(input)[d];
+    if (count >= kBlockedSumFrom) return blocked_sum(input, init, rdims);
+  }
   return reduce({input}, {init}, rdims,
                 [&](Builder& b, const std::vector<Value>& l, const std::vector<Value>& r) {
                   return std::vector<Value>{b.binary(op, l[0], r[0])};
                 })[0];
+}
+
+Value Builder::blocked_sum(Value x, Value init, const std::vector<int64_t>& rdims) {
+  const std::vector<int64_t> in = dims(x);
+  const auto rank = static_cast<int64_t>(in.size());
+  std::vector<bool> reduced(in.size(), false);
+  for (int64_t d : rdims) reduced[d] = true;
+  // The reduced dims last, flattened into one of n elements, in blocks of kSumBlock.
+  std::vector<int64_t> perm, kept;
+  int64_t n = 1;
+  for (int64_t d = 0; d < rank; ++d)
+    if (!reduced[d]) perm.push_back(d), kept.push_back(in[d]);
+  for (int64_t d = 0; d < rank; ++d)
+    if (reduced[d]) perm.push_back(d), n *= in[d];
+  bool identity = true;
+  for (int64_t d = 0; d < rank; ++d) identity &= perm[d] == d;
+  if (!identity) x = transpose(x, perm);
+  std::vector<int64_t> flat = kept;
+  flat.push_back(n);
+  x = reshape(x, flat);
+  int64_t blocks = (n + kSumBlock - 1) / kSumBlock;
+  Value zero = constant(dtype(x), 0);
+  if (blocks * kSumBlock != n) {  // zeros after the last element leave every sum as it is
+    std::vector<int64_t> low(flat.size(), 0), high(flat.size(), 0), interior(flat.size(), 0);
+    high.back() = blocks * kSumBlock - n;
+    x = pad(x, zero, low, high, interior);
+  }
+  std::vector<int64_t> split = kept;
+  split.push_back(blocks);
+  split.push_back(kSumBlock);
+  x = reshape(x, split);
+  auto k = static_cast<int64_t>(kept.size());
+  Value partial = reduce({x}, {zero}, {k + 1},
+                         [](Builder& b, const std::vector<Value>& l, const std::vector<Value>& r) {
+                           return std::vector<Value>{b.binary("stablehlo.add", l[0], r[0])};
+                         })[0];
+  // XLA's simplifier would fold a reduce of a reduce back into one (and the blocks with it).
+  partial = g_.add_multi("stablehlo.optimization_barrier", {partial}, {type(partial)})[0];
+  return reduce_simple(partial, init, {k}, "stablehlo.add");  // blocked again while there are many
 }
 
 Value Builder::gather(Value operand, Value indices, const std::vector<int64_t>& offset_dims,

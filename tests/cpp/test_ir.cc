@@ -66,3 +66,35 @@ TEST(IR, ComplexValuesHaveNoMaximum) {
   auto x = g.param({ir::DType::F32, {3}});
   EXPECT_NO_THROW(b.binary("maximum", x, x));
 }
+
+TEST(IR, LongSumsAreTakenInBlocks) {
+  ir::set_blocked_sums(true);
+  auto reduces = [](std::vector<int64_t> dims, std::vector<int64_t> rdims, ir::DType d, const char* op) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto x = g.param({d, dims});
+    auto s = b.reduce_simple(x, b.constant(d, 0), rdims, op);
+    g.set_outputs({s});
+    std::string text = g.to_mlir();
+    size_t n = 0;
+    for (size_t at = text.find("\"stablehlo.reduce\""); at != std::string::npos;
+         at = text.find("\"stablehlo.reduce\"", at + 1))
+      ++n;
+    return std::make_pair(n, b.dims(s));
+  };
+  // Short sums, integer sums and maxima: one reduce.
+  EXPECT_EQ(reduces({3, 4095}, {1}, ir::DType::F32, "add").first, 1u);
+  EXPECT_EQ(reduces({3, 100000}, {1}, ir::DType::S32, "add").first, 1u);
+  EXPECT_EQ(reduces({3, 100000}, {1}, ir::DType::F32, "maximum").first, 1u);
+  // 5000 = 40 blocks of 128 (the last padded): two; 2^21 = 16384 blocks, then 128: three.
+  auto [two, shape] = reduces({3, 5000}, {1}, ir::DType::F32, "add");
+  EXPECT_EQ(two, 2u);
+  EXPECT_EQ(shape, (std::vector<int64_t>{3}));
+  EXPECT_EQ(reduces({1 << 21}, {0}, ir::DType::F32, "stablehlo.add").first, 3u);
+  // Reduced dims that are not last (batch norm's statistics over N, H, W): the kept dim stays.
+  auto [bn, bn_shape] = reduces({8, 3, 32, 32}, {0, 2, 3}, ir::DType::BF16, "add");
+  EXPECT_EQ(bn, 2u);
+  EXPECT_EQ(bn_shape, (std::vector<int64_t>{3}));
+  ir::set_blocked_sums(false);  // as for a GPU or TPU plugin
+  EXPECT_EQ(reduces({3, 5000}, {1}, ir::DType::F32, "add").first, 1u);
+}
