@@ -46,7 +46,7 @@ at::Tensor pointwise(const char* name, const std::vector<at::Tensor>& inputs, co
   at::ScalarType compute_t = to_aten(compute);
   Pointwise pw{b, vals, [&](const at::Scalar& s) { return b.broadcast_to(op.scalar(s, compute_t), shape); }};
   Value r = b.convert(body(pw), to_ir(dtype));
-  return finish(op, r, dtype, into, op.suggested_layout(static_cast<int64_t>(shape.size())));
+  return finish(op, r, dtype, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
 }
 
 // Declares fn / in-place / out= kernels for a one-input activation with scalar parameters.

@@ -5,6 +5,7 @@
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/GeneratorImpl.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/TensorIterator.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -153,6 +154,8 @@ executor::Runtime& rt() {
   try {
     runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
                                                              c.cache_policy);
+    const std::string platform = runtime_slot()->client().platform_name();
+    ir::set_blocked_sums(platform == "cpu" || platform == "host");
   } catch (const runtime::PjrtError& e) {
     TORCH_CHECK(false, device_name(), ": could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
                 c.missing_message);
@@ -663,6 +666,7 @@ Value OpBuilder::storage_flat(const at::Tensor& t, StorageSlot** slot_out) {
 
 Value OpBuilder::input(const at::Tensor& t) {
   Value v = input_raw(t);
+  if (t.device().is_privateuseone()) operands_.push_back(t);
   if (layout_rank_ < 0 && (t.dim() == 4 || t.dim() == 5) && t.device().is_privateuseone()) {
     at::MemoryFormat cl = t.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
     bool dense = t.is_contiguous(), channels_last = t.is_contiguous(cl);
@@ -865,11 +869,51 @@ void OpBuilder::set_rng_state(Value new_state) {
   s.written = true;
 }
 
-at::Tensor OpBuilder::output(Value v, at::ScalarType dtype, at::MemoryFormat format) {
+Layout OpBuilder::pointwise_layout(int64_t rank) const {
+  bool plain = true;
+  for (const at::Tensor& t : operands_) plain &= t.dim() == 0 || t.is_contiguous();
+  if (plain) return suggested_layout(rank);
+  // ATen's own rule, run on meta tensors of the inputs' sizes and strides, in the order the
+  // kernel read them (TensorIterator's operand order breaks ties: read them in ATen's order).
+  at::TensorIteratorConfig config;
+  config.resize_outputs(true);
+  config.add_owned_output(at::Tensor());
+  for (const at::Tensor& t : operands_) {
+    config.add_owned_const_input(at::empty_strided(t.sizes(), t.strides(), at::TensorOptions().dtype(at::kFloat).device(at::kMeta)));
+  }
+  std::optional<at::TensorIterator> iter;
+  try {
+    iter.emplace(config.build());
+  } catch (const c10::Error&) {
+    return suggested_layout(rank);  // inputs that do not broadcast together: not a pointwise op's
+  }
+  const at::Tensor& out = iter->output();
+  if (out.dim() != rank || out.is_contiguous()) return suggested_layout(rank);
+  Layout layout;
+  layout.strides.assign(out.strides().begin(), out.strides().end());
+  return layout;
+}
+
+at::Tensor OpBuilder::output(Value v, at::ScalarType dtype, const Layout& layout) {
   v = builder_.convert(v, to_ir(dtype));
   int device = device_ >= 0 ? device_ : 0;
   auto options = at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device);
   int64_t rank = builder_.type(v).rank();
+  const auto& dims = builder_.dims(v);
+  if (!layout.strides.empty() && static_cast<int64_t>(layout.strides.size()) == rank) {
+    // Stored with its dims from the largest stride to the smallest (size-1 dims anywhere).
+    auto t = at::empty_strided(dims, layout.strides, options);
+    std::vector<int64_t> perm(rank);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t c) {
+      return (dims[a] == 1 ? 0 : layout.strides[a]) > (dims[c] == 1 ? 0 : layout.strides[c]);
+    });
+    bool identity = std::is_sorted(perm.begin(), perm.end());
+    outputs_.emplace_back(t, identity ? v : builder_.transpose(v, perm));
+    if (device_ < 0) device_ = device;
+    return t;
+  }
+  at::MemoryFormat format = layout.format;
   if ((format == at::MemoryFormat::ChannelsLast && rank == 4) || (format == at::MemoryFormat::ChannelsLast3d && rank == 5)) {
     // Stored channels-minor: the storage holds v transposed to N, spatial..., C.
     auto t = at::empty(builder_.dims(v), options.memory_format(format));

@@ -116,6 +116,14 @@ executor::Storage& rng_storage(const at::Generator& gen);
 at::Generator default_generator(int device);
 at::Generator make_generator(int device);
 
+// A fresh result's layout: a memory format, or explicit dense strides (those TensorIterator
+// gives a pointwise result over permuted inputs), which win when set.
+struct Layout {
+  Layout(at::MemoryFormat f = at::MemoryFormat::Contiguous) : format(f) {}  // NOLINT: implicit on purpose
+  at::MemoryFormat format;
+  std::vector<int64_t> strides;
+};
+
 // Records one ATen op: reads through views, fresh results, writes back into
 // storages, deferred asserts; run() hands the fragment to the device graph,
 // which runs it at once (strict, debug) or later as part of one program (fused).
@@ -137,9 +145,9 @@ class OpBuilder {
   ir::Value rng_state(const at::Generator& gen);
   void set_rng_state(ir::Value new_state);
 
-  // Declares a fresh result, contiguous or in a channels-last layout (v is in
-  // logical NCHW order either way).
-  at::Tensor output(ir::Value v, at::ScalarType dtype, at::MemoryFormat format = at::MemoryFormat::Contiguous);
+  // Declares a fresh result, contiguous, channels-last or with the layout's strides (v is in
+  // logical order either way).
+  at::Tensor output(ir::Value v, at::ScalarType dtype, const Layout& layout = {});
   // Writes v into dst (through dst's view and its lazy bits); converts to dst's dtype.
   // allow_overlap: dst may have elements sharing memory (only for writes of one value, fill_).
   void write(const at::Tensor& dst, ir::Value v, bool allow_overlap = false);
@@ -155,6 +163,10 @@ class OpBuilder {
   at::MemoryFormat suggested_layout(int64_t rank) const {
     return rank == layout_rank_ ? layout_ : at::MemoryFormat::Contiguous;
   }
+  // A pointwise result's layout, as ATen's TensorIterator lays it out from the op's device
+  // inputs: their common dense strides, or their dims' order (a transposed input gives a
+  // transposed result, as torch.compile's fake tensors expect).
+  Layout pointwise_layout(int64_t rank) const;
 
   // Records the op; in strict and debug modes it also runs.
   void run();
@@ -182,6 +194,7 @@ class OpBuilder {
   ir::Value nonfinite_code();
 
   std::string op_;
+  c10::SmallVector<at::Tensor, 4> operands_;  // device tensors read with input()
   int64_t layout_rank_ = -1;
   at::MemoryFormat layout_ = at::MemoryFormat::Contiguous;
   executor::Fragment frag_;

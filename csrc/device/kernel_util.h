@@ -49,7 +49,7 @@ inline void check_scatter(const char* name, const at::Tensor& self, int64_t dim,
 // and normalization kernels pass op.suggested_layout, the rest are contiguous
 // as on CPU), or a write into `into` (in-place / out=).
 inline at::Tensor finish(OpBuilder& op, ir::Value v, at::ScalarType dtype, const at::Tensor* into,
-                         at::MemoryFormat format = at::MemoryFormat::Contiguous) {
+                         const Layout& format = {}) {
   if (into) {
     at::Tensor dst = *into;
     // As ATen refuses it: an out= (or in-place) tensor whose dtype cannot hold the result.

@@ -41,7 +41,7 @@ at::Tensor unary_op(const char* name, const at::Tensor& self, const at::Tensor* 
   }
   Value x = op.input(self);
   Value r = L::unary(op.b(), name, x, to_ir(compute), to_ir(out));
-  return finish(op, r, out, into, op.suggested_layout(self.dim()));
+  return finish(op, r, out, into, op.pointwise_layout(self.dim()));
 }
 
 #define UNARY_KERNELS(NAME, TO_FLOAT)                                                               \
@@ -176,7 +176,7 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
-  return finish(op, r, out, into, op.suggested_layout(static_cast<int64_t>(shape.size())));
+  return finish(op, r, out, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
 }
 
 
@@ -271,7 +271,7 @@ at::Tensor polygamma_impl(int64_t n, const at::Tensor& self, const at::Tensor* i
   auto& b = op.b();
   ir::DType acc = L::accumulate_type(to_ir(out));
   Value r = L::polygamma(b, n, b.convert(op.input(self), acc));
-  return finish(op, b.convert(r, to_ir(out)), out, into, op.suggested_layout(self.dim()));
+  return finish(op, b.convert(r, to_ir(out)), out, into, op.pointwise_layout(self.dim()));
 }
 at::Tensor polygamma_fn(int64_t n, const at::Tensor& s) { return polygamma_impl(n, s, nullptr); }
 at::Tensor& polygamma_out(int64_t n, const at::Tensor& s, at::Tensor& out) {
@@ -284,7 +284,7 @@ at::Tensor nan_to_num_impl(const at::Tensor& self, std::optional<double> nan, st
   OpBuilder op("aten::nan_to_num");
   auto& b = op.b();
   Value x = op.input(self);
-  if (!at::isFloatingType(self.scalar_type())) return finish(op, x, self.scalar_type(), into, op.suggested_layout(self.dim()));
+  if (!at::isFloatingType(self.scalar_type())) return finish(op, x, self.scalar_type(), into, op.pointwise_layout(self.dim()));
   double big = 0;
   switch (self.scalar_type()) {
     case at::kHalf: big = 65504.0; break;
@@ -296,7 +296,7 @@ at::Tensor nan_to_num_impl(const at::Tensor& self, std::optional<double> nan, st
   Value r = b.select(b.compare(x, x, "NE"), b.broadcast_to(op.scalar(nan.value_or(0.0), t), b.dims(x)), x);
   r = b.select(b.compare(x, b.scalar_like(x, INFINITY), "EQ"), b.broadcast_to(op.scalar(posinf.value_or(big), t), b.dims(x)), r);
   r = b.select(b.compare(x, b.scalar_like(x, -INFINITY), "EQ"), b.broadcast_to(op.scalar(neginf.value_or(-big), t), b.dims(x)), r);
-  return finish(op, r, self.scalar_type(), into, op.suggested_layout(self.dim()));
+  return finish(op, r, self.scalar_type(), into, op.pointwise_layout(self.dim()));
 }
 at::Tensor nan_to_num_fn(const at::Tensor& s, std::optional<double> n, std::optional<double> p, std::optional<double> m) {
   return nan_to_num_impl(s, n, p, m, nullptr);
@@ -321,7 +321,7 @@ at::Tensor logit_impl(const at::Tensor& self, std::optional<double> eps, const a
     x = L::clamp(b, x, &lo, &hi, b.dtype(x));
   }
   Value r = b.unary("log", b.binary("divide", x, b.binary("subtract", b.scalar_like(x, 1), x)));
-  return finish(op, r, out, into, op.suggested_layout(self.dim()));
+  return finish(op, r, out, into, op.pointwise_layout(self.dim()));
 }
 at::Tensor logit_fn(const at::Tensor& s, std::optional<double> eps) { return logit_impl(s, eps, nullptr); }
 at::Tensor& logit_out(const at::Tensor& s, std::optional<double> eps, at::Tensor& out) {
@@ -354,7 +354,7 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
                   " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
     }
     Value r = L::add_scaled(op.b(), x, y, op.scalar(alpha, common), to_ir(common), subtract);
-    return finish(op, r, common, into, op.suggested_layout(static_cast<int64_t>(shape.size())));
+    return finish(op, r, common, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
   }
   return binary_op(name, self, other, into);
 }
@@ -432,14 +432,16 @@ at::Tensor pow_st(const at::Scalar& s, const at::Tensor& e) { return binary_op("
 at::Tensor where_self(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
   OpBuilder op("aten::where");
   at::ScalarType out = at::result_type(self, other);
-  Value r = L::where(op.b(), op.input(cond), op.input(self), op.input(other), to_ir(out));
-  return finish(op, r, out, nullptr, op.suggested_layout(self.dim()));
+  Value c = op.input(cond), x = op.input(self), y = op.input(other);  // in order: the layout follows it
+  Value r = L::where(op.b(), c, x, y, to_ir(out));
+  return finish(op, r, out, nullptr, op.pointwise_layout(self.dim()));
 }
 at::Tensor& where_out(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {
   const at::ScalarType result = at::result_type(self, other);
   TORCH_CHECK(out.scalar_type() == result, "Expected out type to be ", result, " but got ", out.scalar_type());
   OpBuilder op("aten::where");
-  Value r = L::where(op.b(), op.input(cond), op.input(self), op.input(other), to_ir(out.scalar_type()));
+  Value c = op.input(cond), x = op.input(self), y = op.input(other);
+  Value r = L::where(op.b(), c, x, y, to_ir(out.scalar_type()));
   finish(op, r, out.scalar_type(), &out);
   return out;
 }
@@ -481,7 +483,7 @@ at::Tensor clamp_impl(const at::Tensor& self, const std::optional<at::Tensor>& l
   if (lo) l = op.input(*lo);
   if (hi) h = op.input(*hi);
   Value r = L::clamp(op.b(), x, lo ? &l : nullptr, hi ? &h : nullptr, to_ir(out));
-  return finish(op, r, out, into, op.suggested_layout(self.dim()));
+  return finish(op, r, out, into, op.pointwise_layout(self.dim()));
 }
 std::optional<at::Tensor> opt_scalar(const std::optional<at::Scalar>& s) {
   if (!s) return std::nullopt;
@@ -554,7 +556,7 @@ at::Tensor addc(const char* name, const at::Tensor& self, const at::Tensor& t1, 
   Value v = b.broadcast_to(op.scalar(value, common), shape);
   Value prod = b.binary(divide ? "divide" : "multiply", a, d);
   Value r = b.binary("add", x, b.binary("multiply", v, prod));
-  return finish(op, r, common, into, op.suggested_layout(self.dim()));
+  return finish(op, r, common, into, op.pointwise_layout(self.dim()));
 }
 at::Tensor& addcmul_out(const at::Tensor& s, const at::Tensor& a, const at::Tensor& b, const at::Scalar& v, at::Tensor& out) {
   addc("addcmul", s, a, b, v, &out, false);
@@ -589,7 +591,7 @@ at::Tensor lerp_impl(const at::Tensor& self, const at::Tensor& end, const at::Te
   e = b.broadcast_to(e, shape);
   w = b.broadcast_to(w, shape);
   Value r = b.binary("add", x, b.binary("multiply", w, b.binary("subtract", e, x)));
-  return finish(op, r, self.scalar_type(), into, op.suggested_layout(self.dim()));
+  return finish(op, r, self.scalar_type(), into, op.pointwise_layout(self.dim()));
 }
 at::Tensor& lerp_s_inplace(at::Tensor& s, const at::Tensor& e, const at::Scalar& w) {
   lerp_impl(s, e, at::scalar_tensor(w, at::TensorOptions().dtype(s.scalar_type())), &s);
@@ -1564,7 +1566,7 @@ at::Tensor threshold_backward_fn(const at::Tensor& grad, const at::Tensor& self,
   x = b.broadcast_to(x, shape);
   Value t = b.broadcast_to(op.scalar(threshold, grad.scalar_type()), shape);
   Value r = b.select(b.compare(x, t, "LE"), b.scalar_like(g, 0), g);
-  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
 }
 
 // "none" or "tanh", as ATen accepts them.
@@ -1578,7 +1580,7 @@ at::Tensor gelu_fn(const at::Tensor& self, c10::string_view approximate) {
   bool tanh = gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu");
   Value r = L::gelu(op.b(), op.input(self), tanh);  // read first: the layout follows the input
-  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(self.dim()));
+  return finish(op, r, self.scalar_type(), nullptr, op.pointwise_layout(self.dim()));
 }
 at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
   bool tanh = gelu_uses_tanh(approximate);
@@ -1589,8 +1591,9 @@ at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
 at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
   bool tanh = gelu_uses_tanh(approximate);
   OpBuilder op("aten::gelu_backward");
-  Value r = L::gelu_backward(op.b(), op.input(grad), op.input(self), tanh);
-  return finish(op, r, self.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
+  Value g = op.input(grad), x = op.input(self);
+  Value r = L::gelu_backward(op.b(), g, x, tanh);
+  return finish(op, r, self.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
 }
 
 // The (grad, value) pair of a pointwise backward, broadcast together as TensorIterator
@@ -1603,27 +1606,30 @@ std::pair<Value, Value> broadcast_pair(ir::Builder& b, Value g, Value y) {
 at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
   OpBuilder op("aten::silu_backward");
   auto& b = op.b();
-  auto [g, x] = broadcast_pair(b, op.input(grad), op.input(self));
+  Value grad_in = op.input(grad), self_in = op.input(self);
+  auto [g, x] = broadcast_pair(b, grad_in, self_in);
   Value s = b.unary("logistic", x);
   Value d = b.binary("multiply", s, b.binary("add", b.scalar_like(x, 1), b.binary("multiply", x, b.binary("subtract", b.scalar_like(s, 1), s))));
-  return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
+  return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
 }
 
 at::Tensor sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::sigmoid_backward");
   auto& b = op.b();
-  auto [g, y] = broadcast_pair(b, op.input(grad), op.input(out));
+  Value grad_in = op.input(grad), out_in = op.input(out);
+  auto [g, y] = broadcast_pair(b, grad_in, out_in);
   // Complex inputs: PyTorch's convention multiplies by the conjugate derivative.
   Value r = b.binary("multiply", g, b.conj(b.binary("multiply", y, b.binary("subtract", b.scalar_like(y, 1), y))));
-  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
 }
 
 at::Tensor tanh_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
   OpBuilder op("aten::tanh_backward");
   auto& b = op.b();
-  auto [g, y] = broadcast_pair(b, op.input(grad), op.input(out));
+  Value grad_in = op.input(grad), out_in = op.input(out);
+  auto [g, y] = broadcast_pair(b, grad_in, out_in);
   Value r = b.binary("multiply", g, b.conj(b.binary("subtract", b.scalar_like(y, 1), b.binary("multiply", y, y))));
-  return finish(op, r, grad.scalar_type(), nullptr, op.suggested_layout(grad.dim()));
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fn(const at::Tensor& input, c10::IntArrayRef normalized_shape,
@@ -1813,7 +1819,7 @@ at::Tensor bernoulli_tensor(const at::Tensor& p, std::optional<at::Generator> ge
   Value pv = b.convert(op.input(p), ir::DType::F32);
   auto r = L::uniform(b, op.rng_state(pick_generator(gen, p)), ir::DType::F32, vec(p.sizes()));
   op.set_rng_state(r[0]);
-  return finish(op, b.compare(r[1], pv, "LT"), p.scalar_type(), nullptr, op.suggested_layout(p.dim()));
+  return finish(op, b.compare(r[1], pv, "LT"), p.scalar_type(), nullptr, op.pointwise_layout(p.dim()));
 }
 at::Tensor& bernoulli_out(const at::Tensor& p, std::optional<at::Generator> gen, at::Tensor& out) {
   return write_out("bernoulli", bernoulli_tensor(p, std::move(gen)), out);
@@ -1849,7 +1855,7 @@ at::Tensor native_dropout_backward_fn(const at::Tensor& grad, const at::Tensor& 
   Value g = b.convert(op.input(grad), to_ir(out));
   Value m = b.convert(op.input(mask), ir::DType::Pred);
   Value r = b.select(m, b.binary("multiply", g, b.broadcast_to(op.scalar(scale, out), b.dims(g))), b.scalar_like(g, 0));
-  return finish(op, r, out, nullptr, op.suggested_layout(grad.dim()));
+  return finish(op, r, out, nullptr, op.pointwise_layout(grad.dim()));
 }
 
 // random_'s bounds as ATen checks them (DistributionTemplates.h): for float dtypes `from`

@@ -396,3 +396,47 @@ def test_heaviside_and_embedding_refuse_as_cpu(dev: torch.device) -> None:
             fn(dev)
     with pytest.raises(RuntimeError, match="Expected tensor for argument #1 'indices' to have one of the following scalar types"):
         F.embedding(torch.tensor([1.0, 2.0], device=dev), torch.randn(4, 3, device=dev))
+
+
+@pytest.mark.parametrize("shape,dims", [((2, 16, 16, 16), (0, 1, 2, 3)), ((8, 3, 64, 64), (0, 2, 3))])
+def test_long_float_sums_err_as_the_cpus_blocked_sum(shape, dims) -> None:
+    # ATen sums in cascades; XLA's CPU code added a long run into a few accumulators, 27x the
+    # CPU's error on the first shape (blocked_sum in ir/builder.cc). Against float64, over
+    # several draws, relative to the CPU's own float32 error.
+    gen = torch.Generator().manual_seed(0)
+    device_err = cpu_err = 0.0
+    for _ in range(4):
+        x = torch.randn(shape, generator=gen) + 0.5  # a mean: the partial sums grow
+        exact = x.double().sum(dims)
+        device_err += (x.to("pjrt").sum(dims).cpu().double() - exact).abs().max().item()
+        cpu_err += (x.sum(dims).double() - exact).abs().max().item()
+        count = x.numel() // exact.numel()
+        torch.testing.assert_close(x.to("pjrt").mean(dims).cpu().double(), exact / count, rtol=1e-5, atol=0)
+    assert device_err < 4 * cpu_err, (device_err, cpu_err)
+
+
+@pytest.mark.parametrize("layout", ["transposed", "permuted", "expanded", "channels_last", "mixed"])
+def test_pointwise_results_are_laid_out_as_tensoriterator_does(dev: torch.device, layout: str) -> None:
+    # Strides are part of the result: torch.compile's fake tensors predict ATen's, and a graph
+    # that views a transposed sum (Mamba's output projection) fails when the device's differ.
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 5, 3, 4, generator=gen)
+    a = {"transposed": base.transpose(1, 3), "permuted": base.permute(2, 0, 3, 1),
+         "expanded": base[:, :1].expand(2, 5, 3, 4), "channels_last": base.contiguous(memory_format=torch.channels_last),
+         "mixed": base.transpose(2, 3)}[layout]
+    b = torch.randn(a.shape, generator=gen) if layout != "mixed" else torch.randn(a.shape[:-1] + (1,), generator=gen)
+    for f in (lambda x, y: x + y, lambda x, y: x * torch.sigmoid(y), lambda x, y: F.silu(x),
+              lambda x, y: torch.where(x > 0, x, y), lambda x, y: (x > y).float()):
+        want, got = f(a, b), f(a.to(dev), b.to(dev))
+        assert got.stride() == want.stride(), (layout, got.stride(), want.stride())
+        torch.testing.assert_close(got.cpu(), want)
+
+
+def test_compiled_view_of_a_transposed_pointwise_result(dev: torch.device) -> None:
+    def step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        y = (x.transpose(1, 2) + 1.0) * torch.sigmoid(x.transpose(1, 2))
+        return y.transpose(1, 2).reshape(-1, x.shape[-1]) @ w
+
+    x, w = torch.randn(2, 8, 16), torch.randn(16, 4)
+    got = torch.compile(step, backend="pjrt")(x.to(dev), w.to(dev))
+    torch.testing.assert_close(got.cpu(), step(x, w), rtol=1e-5, atol=1e-5)
