@@ -34,11 +34,37 @@ void check_matrix(const char* name, const Tensor& a, bool square = true, bool ha
               ": Expected a floating point or complex tensor as input. Got ", t);
 }
 
+// One result of a program; column_major: laid out as LAPACK leaves it and ATen returns it
+// (each matrix column by column: strides [..., 1, rows]), which torch.compile's fake tensors
+// predict for factorizations and solves.
+struct Result {
+  Value value;
+  at::ScalarType dtype;
+  bool column_major = false;
+};
+
+Layout column_major_layout(const std::vector<int64_t>& dims) {
+  Layout layout;
+  auto rank = static_cast<int64_t>(dims.size());
+  if (rank < 2) return layout;
+  layout.strides.assign(rank, 1);
+  layout.strides[rank - 2] = 1;
+  layout.strides[rank - 1] = std::max<int64_t>(dims[rank - 2], 1);
+  int64_t step = std::max<int64_t>(dims[rank - 2], 1) * std::max<int64_t>(dims[rank - 1], 1);
+  for (int64_t d = rank - 3; d >= 0; --d) {
+    layout.strides[d] = step;
+    step *= std::max<int64_t>(dims[d], 1);
+  }
+  return layout;
+}
+
 // The outputs of one program: fresh tensors, written into `outs` when given (out= variants).
-std::vector<Tensor> finish_all(OpBuilder& op, const std::vector<std::pair<Value, at::ScalarType>>& results,
-                               const std::vector<Tensor*>& outs = {}) {
+std::vector<Tensor> finish_all(OpBuilder& op, const std::vector<Result>& results, const std::vector<Tensor*>& outs = {}) {
   std::vector<Tensor> fresh;
-  for (const auto& [v, t] : results) fresh.push_back(op.output(v, t));
+  for (const auto& r : results) {
+    fresh.push_back(r.column_major ? op.output(r.value, r.dtype, column_major_layout(op.b().dims(r.value)))
+                                   : op.output(r.value, r.dtype));
+  }
   op.run();
   for (size_t i = 0; i < outs.size() && i < fresh.size(); ++i) {
     if (outs[i]) write_out(op.name().c_str(), fresh[i], *outs[i]);
@@ -65,7 +91,7 @@ std::tuple<Tensor, Tensor> cholesky_ex_impl(const Tensor& a, bool upper, bool ch
   check_matrix("linalg.cholesky", a);
   OpBuilder op("aten::linalg_cholesky_ex");
   auto r = L::cholesky(op.b(), op.input(a), upper);
-  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], at::kInt}}, {l_out, info_out});
+  auto t = finish_all(op, {{r[0], a.scalar_type(), true}, {r[1], at::kInt}}, {l_out, info_out});
   if (check_errors) at::_linalg_check_errors(t[1], "linalg.cholesky_ex", a.dim() == 2);
   return {l_out ? *l_out : t[0], info_out ? *info_out : t[1]};
 }
@@ -129,8 +155,9 @@ Tensor solve_triangular_k(const Tensor& a, const Tensor& rhs, bool upper, bool l
   check_rhs("linalg.solve_triangular", "A", a, rhs, left);
   auto [ae, be] = broadcast_batches(a, rhs);
   OpBuilder op("aten::linalg_solve_triangular");
-  Value x = op.b().triangular_solve(op.input(ae), op.input(be), left, !upper, unitriangular, "NO_TRANSPOSE");
-  return finish_all(op, {{x, a.scalar_type()}})[0];
+  Value av = op.input(ae), bv = op.input(be);
+  Value x = op.b().triangular_solve(av, bv, left, !upper, unitriangular, "NO_TRANSPOSE");
+  return finish_all(op, {{x, a.scalar_type(), true}})[0];
 }
 Tensor& solve_triangular_out(const Tensor& a, const Tensor& rhs, bool upper, bool left, bool unitriangular, Tensor& out) {
   return write_out("linalg.solve_triangular", solve_triangular_k(a, rhs, upper, left, unitriangular), out);
@@ -144,7 +171,7 @@ std::tuple<Tensor, Tensor> triangular_solve_k(const Tensor& self, const Tensor& 
   OpBuilder op("aten::triangular_solve");
   Value av = op.input(ae);
   Value x = op.b().triangular_solve(av, op.input(be), true, !upper, unitriangular, transpose ? "TRANSPOSE" : "NO_TRANSPOSE");
-  auto t = finish_all(op, {{x, self.scalar_type()}, {av, a.scalar_type()}});
+  auto t = finish_all(op, {{x, self.scalar_type(), true}, {av, a.scalar_type()}});
   return {t[0], t[1]};
 }
 std::tuple<Tensor&, Tensor&> triangular_solve_out(const Tensor& self, const Tensor& a, bool upper, bool transpose,
@@ -291,7 +318,7 @@ std::tuple<Tensor, Tensor, Tensor> lu_factor_ex_k(const Tensor& a, bool pivot, b
   check_pivot("linalg.lu_factor", pivot);
   OpBuilder op("aten::linalg_lu_factor_ex");
   auto r = L::lu_factor(op.b(), op.input(a));
-  auto t = finish_all(op, {{r[0], a.scalar_type()}, {r[1], at::kInt}, {r[3], at::kInt}});
+  auto t = finish_all(op, {{r[0], a.scalar_type(), true}, {r[1], at::kInt}, {r[3], at::kInt}});
   if (check_errors) at::_linalg_check_errors(t[2], "torch.linalg.lu_factor_ex", a.dim() == 2);
   return {t[0], t[1], t[2]};
 }
@@ -345,7 +372,7 @@ std::tuple<Tensor, Tensor, Tensor> lu_unpack_k(const Tensor& lu, const Tensor& p
   auto& b = op.b();
   Value perm = L::permutation_of_pivots(b, op.input(pivots), m);
   auto plu = unpack_k(b, op.input(lu), perm, m, n);
-  std::vector<std::pair<Value, at::ScalarType>> results;
+  std::vector<Result> results;
   if (unpack_pivots) results.push_back({plu[0], lu.scalar_type()});
   if (unpack_data) {
     results.push_back({plu[1], lu.scalar_type()});
@@ -414,7 +441,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> solve_ex_k(const Tensor& a, const Ten
       d.erase(d.end() - (left ? 1 : 2));
       return d;
     }());
-  auto t = finish_all(op, {{x, rhs.scalar_type()}, {f[0], a.scalar_type()}, {f[1], at::kInt}, {f[3], at::kInt}});
+  auto t = finish_all(op, {{x, rhs.scalar_type(), !vector_case}, {f[0], a.scalar_type(), true}, {f[1], at::kInt},
+                           {f[3], at::kInt}});
   if (check_errors) at::_linalg_check_errors(t[3], "torch.linalg.solve_ex", a.dim() == 2);
   return {t[0], t[1], t[2], t[3]};
 }
@@ -432,7 +460,7 @@ std::tuple<Tensor, Tensor> inv_ex_k(const Tensor& a, bool check_errors) {
   auto f = L::lu_factor(b, op.input(a));
   Value eye = L::eye(b, to_ir(a.scalar_type()), vec(a.sizes().slice(0, a.dim() - 2)), a.size(-1));
   Value x = L::lu_solve(b, f[0], f[2], eye, "N");
-  auto t = finish_all(op, {{x, a.scalar_type()}, {f[3], at::kInt}});
+  auto t = finish_all(op, {{x, a.scalar_type(), true}, {f[3], at::kInt}});
   if (check_errors) at::_linalg_check_errors(t[1], "linalg.inv_ex", a.dim() == 2);
   return {t[0], t[1]};
 }

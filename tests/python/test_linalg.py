@@ -307,3 +307,18 @@ def test_zero_size_matrices(dev: torch.device, shape: tuple) -> None:
     torch.linalg.det(x).sum().backward()
     torch.linalg.det(xd).sum().backward()
     assert_close(xd.grad, x.grad, **_tol())
+
+
+def test_factorizations_and_solves_are_column_major_as_aten_returns_them() -> None:
+    # LAPACK's layout, which ATen keeps and torch.compile's fake tensors predict (a graph that
+    # views a solve's result: Qwen3-Next's chunked delta rule).
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(2, 3, 4, 4, generator=gen) + 4 * torch.eye(4)
+    b = torch.randn(2, 3, 4, 5, generator=gen)
+    for f in (lambda a, b: torch.linalg.solve_triangular(a.triu(), b, upper=True),
+              lambda a, b: torch.linalg.solve_triangular(a.triu(), b.mT, upper=True, left=False),
+              lambda a, b: torch.linalg.solve(a, b), lambda a, b: torch.linalg.inv(a),
+              lambda a, b: torch.linalg.lu_factor(a)[0], lambda a, b: torch.linalg.cholesky(a @ a.mT)):
+        want, got = f(a, b), f(a.to("pjrt"), b.to("pjrt"))
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
