@@ -5,6 +5,8 @@
 #include <torch/library.h>
 
 #include "device/context.h"
+#include <ATen/ExpandUtils.h>
+
 #include "device/kernel_util.h"
 #include "lowering/nn.h"
 
@@ -802,6 +804,13 @@ at::Tensor constant_pad_nd_fn(const at::Tensor& self, c10::IntArrayRef pad, cons
   auto& b = op.b();
   Value v = b.convert(op.scalar(value, self.scalar_type()), to_ir(self.scalar_type()));
   Value r = b.pad(op.input(self), v, low, high, std::vector<int64_t>(self.dim(), 0));
+  bool narrows_only = std::all_of(pad.begin(), pad.end(), [](int64_t p) { return p <= 0; });
+  if (narrows_only && self.dim() > 0) {
+    // ATen narrows and clones: the clone keeps the input's dim order, dense.
+    Layout layout;
+    layout.strides = at::infer_dense_strides(b.dims(r), self.strides());
+    return finish(op, r, self.scalar_type(), nullptr, layout);
+  }
   return finish(op, r, self.scalar_type(), nullptr, self.suggest_memory_format());  // as ATen lays it out
 }
 

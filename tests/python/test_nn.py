@@ -150,6 +150,16 @@ def test_pad_keeps_channels_last_as_the_cpu_does(mode: str) -> None:
         torch.testing.assert_close(xd.grad.cpu(), x.grad)  # sums of a few terms, in another order
 
 
+def test_a_pad_that_only_narrows_keeps_the_inputs_dim_order() -> None:
+    # ATen narrows and clones: the result is dense in the input's dim order (a transposed
+    # input stays transposed), which compiled graphs that view it rely on.
+    x = rnd(2, 8, 6, 5).transpose(2, 3)
+    for pad in ([0, 0, 0, -2], [0, -3], [-1, -1, 0, 0]):
+        want, got = torch.constant_pad_nd(x, pad), torch.constant_pad_nd(x.to("pjrt"), pad)
+        assert got.stride() == want.stride(), pad
+        assert torch.equal(got.cpu(), want)
+
+
 def test_constant_pad_negative_and_value() -> None:
     check(lambda x: F.pad(x, (-1, 2, 0, -2), value=3.5), rnd(2, 4, 5))
 
