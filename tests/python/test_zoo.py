@@ -475,3 +475,12 @@ def test_diffusers_float64_copy_embeds_timesteps_in_float64() -> None:
     exact, float32 = ts[0](t), Timesteps.forward(ts[0], t)
     assert exact.dtype == torch.float64 and float32.dtype == torch.float32
     assert float(exact.sub(float32.double()).abs().max()) < 1e-4  # the same function
+
+
+def test_the_reports_notes_by_hand_stay(tmp_path: pytest.TempPathFactory) -> None:
+    path = str(tmp_path / "zoo.md")  # type: ignore[operator]
+    with open(path, "w") as f:
+        f.write("# old\n\n| old table |\n\n## Notes (by hand)\n\nkept.\n")
+    report.write(path, {}, report.environment("cmd"), 0, 0, "r.jsonl")
+    text = open(path).read()
+    assert "old table" not in text and text.endswith("\n## Notes (by hand)\n\nkept.\n")

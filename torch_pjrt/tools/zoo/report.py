@@ -234,8 +234,19 @@ def render(records: dict[str, Record], env: Environment, catalog_size: int, plan
     return "\n".join(w)
 
 
+NOTES_HEADING = "## Notes (by hand)"
+
+
 def write(path: str, records: dict[str, Record], env: Environment, catalog_size: int, planned: int,
           results_path: str) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    notes = ""
+    if os.path.exists(path):  # a section written by hand (causes found, what is left) stays
+        with open(path, encoding="utf-8") as f:
+            old = f.read()
+        at = old.find(NOTES_HEADING)
+        notes = old[at:] if at >= 0 else ""
     with open(path, "w", encoding="utf-8") as f:
         f.write(render(records, env, catalog_size, planned, results_path))
+        if notes:
+            f.write("\n" + notes)
