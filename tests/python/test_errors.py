@@ -160,7 +160,7 @@ def test_out_of_memory_is_torch_oom_and_keeps_tensors():
         # Newer XLA CPU plugins (fastatomstruct-xla-cpu 2026.6.23) release a buffer donated to a
         # program whose execution then fails for memory; the old contents are gone, and reading
         # them raises, naming the op and the donation or the failure (when the plugin refuses
-        # the program at dispatch, as with a long sum taken in blocks), never a wrong value.
+        # the program at dispatch: "Error dispatching computation: Out of memory"), never a wrong value.
         # (Known gap: the executor could hold such buffers back; see the README's status.)
         lost = r.stdout.split("LOST fused", 1)[-1]
         assert "LOST fused" in r.stdout and "aten::" in lost, r.stdout
