@@ -64,6 +64,26 @@ class _Partitioned:
     why: str
 
 
+_VIEWS = (torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default)
+
+
+def _views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
+    """The graph with its views as reshapes. AOTAutograd decides view against reshape from
+    the strides its fake tensors predict, which follow some ops' decompositions rather than
+    their kernels (softplus_backward's decomposition is contiguous where the kernel, on the
+    CPU as here, follows its permuted gradient); such a view cannot run. A reshape is the
+    same view wherever the view could be taken, and in a captured program the layout is
+    XLA's anyway."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _VIEWS:
+            node.target = torch.ops.aten.reshape.default
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
+
+
 class PjrtGraph:
     """One AOTAutograd graph: a program per input layout, captured at its first call."""
 
@@ -71,7 +91,7 @@ class PjrtGraph:
         # AOTAutograd passes the arguments as one list, which we may clear. Set
         # on the instance: wrappers (torch._dynamo.disable) copy its __dict__.
         self._boxed_call = True
-        self.gm = gm
+        self.gm = _views_as_reshapes(gm)
         self.kind = kind
         self.is_part = is_part
         self.single_output = _returns_single(gm)  # a part may return one tensor, AOT graphs a tuple

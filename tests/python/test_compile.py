@@ -431,3 +431,20 @@ def test_out_of_range_index_inside_a_program_raises_at_the_sync(dev):
         torch_pjrt.synchronize()
     assert torch.equal(emb.weight.detach().cpu(), before)  # nothing the caller had was lost
     del out
+
+
+def test_a_view_the_fake_strides_allowed_runs(dev: torch.device) -> None:
+    # The backward's softplus_backward takes a transposed gradient: its fake (decomposed)
+    # result is contiguous, its kernel's (the CPU's as pjrt's) follows the gradient, and the
+    # traced view back to the input's shape cannot be taken as a view (Qwen3-Next, OLMo-hybrid).
+    def f(inp: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        s = F.softplus(inp.view(2, 16, 32))
+        return (s.transpose(1, 2) * c).sum()
+
+    gen = torch.Generator().manual_seed(0)
+    inp, c = torch.randn(2, 512, generator=gen), torch.randn(2, 32, 16, generator=gen)
+    ref = inp.clone().requires_grad_()
+    f(ref, c).backward()
+    x = inp.to(dev).requires_grad_()
+    torch.compile(f, backend="pjrt")(x, c.to(dev)).backward()
+    torch.testing.assert_close(x.grad.cpu(), ref.grad)
