@@ -18,15 +18,14 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import math
-import re
 import sys
 import types
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
 from .catalog import Entry
+from .shrink import name_rule
 
 PREFIX = "diffusers/"
 HEAD = "diffusion"
@@ -113,20 +112,15 @@ def default_config(model_type: str) -> dict[str, Any]:
             and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
 
 
-def _rule(pattern: str) -> Callable[[str], bool]:
-    rx = re.compile(pattern)
-    return lambda name: rx.search(name) is not None
-
-
-_is_stage_list = _rule(r"block_types$|block_out_channels$|layers_per(_down|_up)?_block$|_blocks$|"
+_is_stage_list = name_rule(r"block_types$|block_out_channels$|layers_per(_down|_up)?_block$|_blocks$|"
                        r"^attention_head_dim$|^num_attention_heads$|^only_cross_attention$|^cross_attention_dim$|"
                        r"qkv_multiscales$|norm_types$|act_fns$")
-_is_block_widths = _rule(r"block_out_channels$")
-_is_block_layers = _rule(r"layers_per(_down|_up)?_block$|^num_(en|de)coder_blocks$")
-_is_other_layers = _rule(r"^(num_|n_).*layers$")
-_is_text_width = _rule(r"^(cross_attention_dim|joint_attention_dim|pooled_projection_dim|caption_channels|"
+_is_block_widths = name_rule(r"block_out_channels$")
+_is_block_layers = name_rule(r"layers_per(_down|_up)?_block$|^num_(en|de)coder_blocks$")
+_is_other_layers = name_rule(r"^(num_|n_).*layers$")
+_is_text_width = name_rule(r"^(cross_attention_dim|joint_attention_dim|pooled_projection_dim|caption_channels|"
                        r"caption_projection_dim|text_embed_dim|cap_feat_dim|encoder_hid_dim)$")
-_is_io_channels = _rule(r"^(in_channels|out_channels)$")
+_is_io_channels = name_rule(r"^(in_channels|out_channels)$")
 
 
 def _stage_count(defaults: dict[str, Any]) -> int:

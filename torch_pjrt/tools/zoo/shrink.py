@@ -41,51 +41,52 @@ RANK = 32  # low-rank projections (MLA's kv/q LoRA ranks, time-step ranks)
 LIST_WIDTH = 64  # the largest entry of a per-stage width list after scaling
 
 
-def _rule(pattern: str) -> Callable[[str], bool]:
+def name_rule(pattern: str) -> Callable[[str], bool]:
+    """A predicate on field names: whether `pattern` matches somewhere in the name."""
     rx = re.compile(pattern)
     return lambda name: rx.search(name) is not None
 
 
-_is_dropout = _rule(r"dropout|drop_path|layerdrop|drop_rate|attention_probs_dropout|_drop$")
-_is_kv_heads = _rule(r"^(num_key_value_heads|num_kv_heads|n_head_kv|n_kv_heads|multi_query_group_num|"
+_is_dropout = name_rule(r"dropout|drop_path|layerdrop|drop_rate|attention_probs_dropout|_drop$")
+_is_kv_heads = name_rule(r"^(num_key_value_heads|num_kv_heads|n_head_kv|n_kv_heads|multi_query_group_num|"
                      r"num_key_value_groups|.*_key_value_heads|.*_kv_heads)$")
-_is_heads = _rule(r"^(num_attention_heads|n_head|n_heads|num_heads|attention_heads|.*_attention_heads|"
+_is_heads = name_rule(r"^(num_attention_heads|n_head|n_heads|num_heads|attention_heads|.*_attention_heads|"
                   r".*_num_heads|num_.*_heads|.*_n_heads|n_.*_heads)$")
-_is_head_dim = _rule(r"^(head_dim|.*_head_dim|attention_head_dim|kv_channels|d_kv|d_head|attention_head_size|"
+_is_head_dim = name_rule(r"^(head_dim|.*_head_dim|attention_head_dim|kv_channels|d_kv|d_head|attention_head_size|"
                      r"head_size|.*_head_size|qk_nope_head_dim|v_head_dim|qk_rope_head_dim)$")
-_is_intermediate = _rule(r"intermediate|ffn|^d_ff$|_d_ff$|n_inner|mlp_dim|inner_dim|feed_forward|^ff_dim|"
+_is_intermediate = name_rule(r"intermediate|ffn|^d_ff$|_d_ff$|n_inner|mlp_dim|inner_dim|feed_forward|^ff_dim|"
                          r"_ff_dim|fc_dim|mlp_hidden")
-_is_width = _rule(r"^(hidden_size|d_model|n_embd|embed_dim|dim|hidden_dim|d_embed|model_dim|embedding_size|"
+_is_width = name_rule(r"^(hidden_size|d_model|n_embd|embed_dim|dim|hidden_dim|d_embed|model_dim|embedding_size|"
                   r"embedding_dim|emb_dim|d_hidden|projection_dim|.*_hidden_size|.*_embed_dim|.*_d_model|"
                   r".*_proj_dim|.*_proj_size|.*_embedding_dim|.*_embedding_size|.*_hidden_dim|.*_model_dim|"
                   r".*_emb_dim|codevector_dim|d_latents|.*_channel|.*_channels|channels)$")
-_is_layers = _rule(r"^(num_hidden_layers|num_layers|n_layer|n_layers|depth|.*_layers|num_.*_layers|"
+_is_layers = name_rule(r"^(num_hidden_layers|num_layers|n_layer|n_layers|depth|.*_layers|num_.*_layers|"
                    r"num_.*_layer|.*_depth|num_blocks|n_blocks|num_self_attends_per_block)$")
-_is_first_dense = _rule(r"^(first_k_dense_replace|first_k_dense|num_dense_layers|n_dense_layers)$")
-_is_experts = _rule(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|"
+_is_first_dense = name_rule(r"^(first_k_dense_replace|first_k_dense|num_dense_layers|n_dense_layers)$")
+_is_experts = name_rule(r"^(num_experts|num_local_experts|n_routed_experts|moe_num_experts|num_routed_experts|"
                     r"n_experts|expert_num|num_moe_experts|.*_num_experts)$")
-_is_top_k = _rule(r"^(num_experts_per_tok|num_experts_per_token|moe_top_k|top_k|moe_k|num_selected_experts|"
+_is_top_k = name_rule(r"^(num_experts_per_tok|num_experts_per_token|moe_top_k|top_k|moe_k|num_selected_experts|"
                   r"experts_per_token|.*_experts_per_tok|router_top_k|moe_topk)$")
-_is_shared_experts = _rule(r"^(n_shared_experts|num_shared_experts|shared_experts|moe_num_shared_experts)$")
-_is_vocab = _rule(r"vocab")
-is_token_id = _rule(r"(token_id|token_index|token_ids|_token|_idx)$")
-_is_positions = _rule(r"^(max_position_embeddings|n_positions|max_seq_len|max_sequence_length|"
+_is_shared_experts = name_rule(r"^(n_shared_experts|num_shared_experts|shared_experts|moe_num_shared_experts)$")
+_is_vocab = name_rule(r"vocab")
+is_token_id = name_rule(r"(token_id|token_index|token_ids|_token|_idx)$")
+_is_positions = name_rule(r"^(max_position_embeddings|n_positions|max_seq_len|max_sequence_length|"
                       r"max_target_positions|n_ctx|max_len|max_length|.*_max_position_embeddings|"
                       r"max_text_len|max_seq_length|.*_max_positions)$")
-_is_source_positions = _rule(r"^(max_source_positions)$")
-_is_image = _rule(r"^(image_size|img_size|.*_image_size|input_size|crop_size)$")
-_is_patch = _rule(r"^(patch_size|.*_patch_size)$")
-_is_rotary_dim = _rule(r"^(rotary_dim|rotary_emb_dim|rope_dim|rotary_ndims)$")
-_is_rank = _rule(r"(_lora_rank|^time_step_rank|_rank)$")
-_not_width = _rule(r"kernel|stride|ratio|dilation|padding|pool|window|factor|patch|scale")
-_is_width_list_name = _rule(r"(hidden_sizes|embed_dims|^dims$|_dims$|conv_dim|tdnn_dim|channels$|_sizes$|hidden_dim$|"
+_is_source_positions = name_rule(r"^(max_source_positions)$")
+_is_image = name_rule(r"^(image_size|img_size|.*_image_size|input_size|crop_size)$")
+_is_patch = name_rule(r"^(patch_size|.*_patch_size)$")
+_is_rotary_dim = name_rule(r"^(rotary_dim|rotary_emb_dim|rope_dim|rotary_ndims)$")
+_is_rank = name_rule(r"(_lora_rank|^time_step_rank|_rank)$")
+_not_width = name_rule(r"kernel|stride|ratio|dilation|padding|pool|window|factor|patch|scale")
+_is_width_list_name = name_rule(r"(hidden_sizes|embed_dims|^dims$|_dims$|conv_dim|tdnn_dim|channels$|_sizes$|hidden_dim$|"
                        r"^widths|_widths$|neck_hidden_sizes|embed_dim$)")
 def _is_width_list(name: str) -> bool:
     return _is_width_list_name(name) and not _not_width(name)
 
 
-_is_depth_list = _rule(r"(depths$|^depth$|num_layers$|layers$|^blocks$|_blocks$|num_blocks$|block_repeats)")
-_is_heads_list = _rule(r"heads$|num_heads$|attention_heads$")
+_is_depth_list = name_rule(r"(depths$|^depth$|num_layers$|layers$|^blocks$|_blocks$|num_blocks$|block_repeats)")
+_is_heads_list = name_rule(r"heads$|num_heads$|attention_heads$")
 
 
 def _shrink_int(name: str, v: int, kv_heads_of: dict[str, int]) -> int | None:
@@ -238,7 +239,7 @@ def _layer_count(fields: dict[str, Any]) -> list[int]:
     return sorted({v for k, v in fields.items() if _is_layers(k) and isinstance(v, int) and v > LAYERS})
 
 
-_is_pattern = _rule(r"pattern|block_type|layer_type|override")
+_is_pattern = name_rule(r"pattern|block_type|layer_type|override")
 
 
 def _per_layer(name: str, v: Any, layer_counts: list[int]) -> bool:
