@@ -897,36 +897,31 @@ Layout OpBuilder::pointwise_layout(int64_t rank) const {
 at::Tensor OpBuilder::output(Value v, at::ScalarType dtype, const Layout& layout) {
   v = builder_.convert(v, to_ir(dtype));
   int device = device_ >= 0 ? device_ : 0;
+  if (device_ < 0) device_ = device;
   auto options = at::TensorOptions().dtype(dtype).device(c10::DeviceType::PrivateUse1, device);
   int64_t rank = builder_.type(v).rank();
   const auto& dims = builder_.dims(v);
-  if (!layout.strides.empty() && static_cast<int64_t>(layout.strides.size()) == rank) {
-    // Stored with its dims from the largest stride to the smallest (size-1 dims anywhere).
-    auto t = at::empty_strided(dims, layout.strides, options);
-    std::vector<int64_t> perm(rank);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t c) {
-      return (dims[a] == 1 ? 0 : layout.strides[a]) > (dims[c] == 1 ? 0 : layout.strides[c]);
-    });
-    bool identity = std::is_sorted(perm.begin(), perm.end());
-    outputs_.emplace_back(t, identity ? v : builder_.transpose(v, perm));
-    if (device_ < 0) device_ = device;
+  std::vector<int64_t> strides = layout.strides;
+  if (strides.empty() && layout.format == at::MemoryFormat::ChannelsLast && rank == 4) {
+    strides = c10::get_channels_last_strides_2d(dims);
+  } else if (strides.empty() && layout.format == at::MemoryFormat::ChannelsLast3d && rank == 5) {
+    strides = c10::get_channels_last_strides_3d(dims);
+  }
+  if (static_cast<int64_t>(strides.size()) != rank) {
+    auto t = at::empty(dims, options);
+    outputs_.emplace_back(t, v);
     return t;
   }
-  at::MemoryFormat format = layout.format;
-  if ((format == at::MemoryFormat::ChannelsLast && rank == 4) || (format == at::MemoryFormat::ChannelsLast3d && rank == 5)) {
-    // Stored channels-minor: the storage holds v transposed to N, spatial..., C.
-    auto t = at::empty(builder_.dims(v), options.memory_format(format));
-    std::vector<int64_t> perm{0};
-    for (int64_t d = 2; d < rank; ++d) perm.push_back(d);
-    perm.push_back(1);
-    outputs_.emplace_back(t, builder_.transpose(v, perm));
-    if (device_ < 0) device_ = device;
-    return t;
-  }
-  auto t = at::empty(builder_.dims(v), options);
-  outputs_.emplace_back(t, v);
-  if (device_ < 0) device_ = device;
+  // Stored with its dims from the largest stride to the smallest (size-1 dims anywhere): a
+  // channels-last result channels-minor, v transposed to N, spatial..., C.
+  auto t = at::empty_strided(dims, strides, options);
+  std::vector<int64_t> perm(rank);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::stable_sort(perm.begin(), perm.end(), [&](int64_t a, int64_t c) {
+    return (dims[a] == 1 ? 0 : strides[a]) > (dims[c] == 1 ? 0 : strides[c]);
+  });
+  bool identity = std::is_sorted(perm.begin(), perm.end());
+  outputs_.emplace_back(t, identity ? v : builder_.transpose(v, perm));
   return t;
 }
 
