@@ -5,6 +5,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/Resize.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "device/context.h"
@@ -42,6 +43,46 @@ inline void check_scatter(const char* name, const at::Tensor& self, int64_t dim,
     TORCH_CHECK((k == d || index.size(k) <= size(self, k)) && (!src || index.size(k) <= size(*src, k)), name,
                 "(): Expected index ", index.sizes(), " to be no larger than self ", self.sizes(), " apart from dimension ", d,
                 src ? " and to be no larger than src " : "", src ? src->sizes() : c10::IntArrayRef());
+  }
+}
+
+// The dimensions a reduction reduces (empty: all), refused as ATen's make_dim_mask refuses
+// them: a list of dims is wrapped, checked for repeats and needs a tensor of at most 64
+// dims; no list (or an empty one) reduces every dim, unchecked. A 0-d tensor accepts dim 0
+// or -1 and reduces nothing.
+inline std::vector<int64_t> reduce_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
+  std::vector<int64_t> out;
+  if (!dims || dims->empty()) return out;  // all
+  TORCH_CHECK(self.dim() <= 64, "only tensors with up to 64 dims are supported");
+  for (int64_t d : *dims) {
+    int64_t wrapped = at::maybe_wrap_dim(d, std::max<int64_t>(self.dim(), 1));
+    TORCH_CHECK(std::find(out.begin(), out.end(), wrapped) == out.end(), "dim ", wrapped,
+                " appears multiple times in the list of dims");
+    out.push_back(wrapped);
+  }
+  if (self.dim() == 0) out.clear();
+  return out;
+}
+
+// A reduction along dim `d` (wrapped) with no identity refuses an empty dim, as ATen's
+// zero_numel_check_dims does (an IndexError in Python).
+inline void check_reduction_dim_nonempty(const char* name, const at::Tensor& self, int64_t d) {
+  TORCH_CHECK_INDEX(self.dim() == 0 || self.size(d) != 0, name, "(): Expected reduction dim ", d, " to have non-zero size.");
+}
+
+// var / std (and their _mean forms) over `dims` (reduce_dims' answer; empty: all): warned
+// as ATen warns when the correction leaves no degrees of freedom.
+inline void warn_degrees_of_freedom(const char* name, const at::Tensor& self, const std::vector<int64_t>& dims,
+                                    double correction) {
+  int64_t n = 1;
+  if (dims.empty()) {
+    n = self.numel();
+  } else {
+    for (int64_t d : dims) n *= self.size(d);
+  }
+  if (self.numel() > 0 && n - correction <= 0) {
+    TORCH_WARN(name, "(): degrees of freedom is <= 0. Correction should be strictly less than the reduction factor "
+               "(input numel divided by output numel).");
   }
 }
 

@@ -7,6 +7,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include <numeric>
 #include <sstream>
 
 #include "device/context.h"
@@ -700,21 +701,6 @@ at::Tensor& tril_inplace(at::Tensor& s, int64_t d) {
 
 // ---------------------------------------------------------------- reductions
 
-// The dimensions a reduction reduces (empty: all), refused as ATen refuses them.
-std::vector<int64_t> reduce_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
-  TORCH_CHECK(self.dim() <= 64, "only tensors with up to 64 dims are supported, got ", self.dim());
-  std::vector<int64_t> out;
-  if (!dims || dims->empty()) return out;  // all
-  for (int64_t d : *dims) {
-    int64_t wrapped = at::maybe_wrap_dim(d, std::max<int64_t>(self.dim(), 1));
-    TORCH_CHECK(std::find(out.begin(), out.end(), wrapped) == out.end(), "dim ", wrapped,
-                " appears multiple times in the list of dims");
-    out.push_back(wrapped);
-  }
-  if (self.dim() == 0) out.clear();
-  return out;
-}
-
 // torch.hash_tensor (mode 0, xor_sum): the xor of the elements' 64-bit patterns, floats
 // widened to double and integers to int64 first, as CPU.
 at::Tensor& hash_tensor_out(const at::Tensor& self, at::IntArrayRef dim, bool keepdim, int64_t mode, at::Tensor& out) {
@@ -784,18 +770,16 @@ at::Tensor prod_all(const at::Tensor& s, std::optional<at::ScalarType> t) {
 at::Tensor prod_dim(const at::Tensor& s, int64_t dim, bool keepdim, std::optional<at::ScalarType> t) {
   at::ScalarType out = t ? *t : (at::isIntegralType(s.scalar_type(), true) ? at::kLong : s.scalar_type());
   OpBuilder op("aten::prod");
-  std::vector<int64_t> dims{at::maybe_wrap_dim(dim, std::max<int64_t>(s.dim(), 1))};
-  if (s.dim() == 0) dims.clear();
+  std::vector<int64_t> dims = reduce_dims(s, c10::IntArrayRef{dim});
   return finish(op, L::prod(op.b(), op.input(s), dims, keepdim && s.dim() > 0, to_ir(out)), out, nullptr);
 }
 
 at::Tensor amax_impl(const at::Tensor& self, c10::IntArrayRef dims, bool keepdim, bool is_max, const at::Tensor* into) {
   OpBuilder op(is_max ? "aten::amax" : "aten::amin");
   std::vector<int64_t> d = reduce_dims(self, dims);
-  for (int64_t x : (d.empty() && self.dim() > 0 ? std::vector<int64_t>() : d)) {
-    TORCH_CHECK_INDEX(self.size(x) != 0, "amax/amin: Expected reduction dim ", x, " to have non-zero size.");
-  }
-  TORCH_CHECK(self.numel() > 0 || !d.empty(), "max(): Expected reduction dim to be specified for input.numel() == 0.");
+  for (int64_t x : d) check_reduction_dim_nonempty(is_max ? "amax" : "amin", self, x);
+  TORCH_CHECK(self.numel() > 0 || !d.empty(), is_max ? "amax" : "amin", "(): Expected reduction dim to be specified for "
+              "input.numel() == 0. Specify the reduction dim with the 'dim' argument.");
   Value r = L::amax(op.b(), op.input(self), d, keepdim && self.dim() > 0, is_max);
   return finish(op, r, self.scalar_type(), into);
 }
@@ -829,7 +813,7 @@ std::tuple<at::Tensor, at::Tensor> max_min_dim(const at::Tensor& self, int64_t d
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
   Value x = op.input(self);
   if (self.dim() == 0) x = op.b().reshape(x, {1});
-  TORCH_CHECK_INDEX(op.b().dims(x)[d] > 0, "max(): Expected reduction dim ", d, " to have non-zero size.");
+  check_reduction_dim_nonempty(is_max ? "max" : "min", self, d);
   auto r = L::arg_reduce(op.b(), x, d, keepdim || self.dim() == 0, is_max);
   if (self.dim() == 0) {
     r[0] = op.b().reshape(r[0], {});
@@ -840,19 +824,28 @@ std::tuple<at::Tensor, at::Tensor> max_min_dim(const at::Tensor& self, int64_t d
   op.run();
   return {v, i};
 }
+// max.dim / min.dim are structured in ATen: their outs take the result types exactly.
+void check_value_index_outs(const at::Tensor& self, const at::Tensor& values, const at::Tensor& indices) {
+  TORCH_CHECK(values.scalar_type() == self.scalar_type(), "Expected out tensor to have dtype ", self.scalar_type(),
+              ", but got ", values.scalar_type(), " instead");
+  TORCH_CHECK(indices.scalar_type() == at::kLong, "Expected out tensor to have dtype Long, but got ",
+              indices.scalar_type(), " instead");
+}
 std::tuple<at::Tensor, at::Tensor> max_dim(const at::Tensor& s, int64_t d, bool k) { return max_min_dim(s, d, k, true); }
 std::tuple<at::Tensor, at::Tensor> min_dim(const at::Tensor& s, int64_t d, bool k) { return max_min_dim(s, d, k, false); }
 
 at::Tensor argmax_impl(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim, bool is_max) {
   OpBuilder op(is_max ? "aten::argmax" : "aten::argmin");
   Value x = op.input(self);
-  TORCH_CHECK(self.numel() > 0 || dim, "argmax(): Expected reduction dim to be specified for input.numel() == 0.");
+  TORCH_CHECK_INDEX(self.numel() > 0 || dim, is_max ? "argmax" : "argmin", "(): Expected reduction dim to be specified for input.numel() == 0.");
   int64_t d;
   if (!dim) {
     x = op.b().reshape(x, {self.numel()});
     d = 0;
   } else {
+    reduce_dims(self, c10::IntArrayRef{*dim});  // ATen's checks of a dim
     d = at::maybe_wrap_dim(*dim, std::max<int64_t>(self.dim(), 1));
+    check_reduction_dim_nonempty(is_max ? "argmax" : "argmin", self, d);
     if (self.dim() == 0) x = op.b().reshape(x, {1});
   }
   auto r = L::arg_reduce(op.b(), x, d, keepdim && dim && self.dim() > 0, is_max);
@@ -871,7 +864,9 @@ at::Tensor var_std(const at::Tensor& self, at::OptionalIntArrayRef dims, const s
               "std and var only support floating point and complex dtypes");
   at::ScalarType out = c10::toRealValueType(self.scalar_type());
   double corr = correction ? correction->toDouble() : 1.0;
-  Value r = L::var(op.b(), op.input(self), reduce_dims(self, dims), corr, keepdim && self.dim() > 0, to_ir(out));
+  std::vector<int64_t> d = reduce_dims(self, dims);
+  warn_degrees_of_freedom(take_sqrt ? "std" : "var", self, d, corr);
+  Value r = L::var(op.b(), op.input(self), d, corr, keepdim && self.dim() > 0, to_ir(out));
   if (take_sqrt) r = op.b().unary("sqrt", r);
   return finish(op, r, out, nullptr);
 }
@@ -941,10 +936,22 @@ at::Tensor logsumexp_fn(const at::Tensor& self, c10::IntArrayRef dims, bool keep
 }
 
 at::Tensor any_all_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim, bool is_all) {
+  // Unlike other reductions (ATen's allow_empty_dims): no dims reduce every dim, checked as
+  // a list of them; an empty list reduces none.
+  std::vector<int64_t> every(self.dim());
+  std::iota(every.begin(), every.end(), int64_t{0});
   OpBuilder op(is_all ? "aten::all" : "aten::any");
-  Value r = L::any_all(op.b(), op.input(self), reduce_dims(self, dims), keepdim && self.dim() > 0, is_all);
   at::ScalarType out = self.scalar_type() == at::kByte ? at::kByte : at::kBool;
+  Value x = op.input(self);
+  if (dims && dims->empty()) return finish(op, op.b().convert(op.b().convert(x, ir::DType::Pred), to_ir(out)), out, nullptr);
+  Value r = L::any_all(op.b(), x, reduce_dims(self, dims ? *dims : c10::IntArrayRef(every)), keepdim && self.dim() > 0, is_all);
   return finish(op, r, out, nullptr);
+}
+// all/any write only into bool or uint8 tensors (ATen's check_result_is_bytebool).
+at::Tensor& check_bool_result(const char* name, at::Tensor& out) {
+  TORCH_CHECK(out.scalar_type() == at::kBool || out.scalar_type() == at::kByte, name,
+              " only supports bool tensor for result, got: ", out.scalar_type());
+  return out;
 }
 at::Tensor all_fn(const at::Tensor& s) { return any_all_impl(s, std::nullopt, false, true); }
 at::Tensor any_fn(const at::Tensor& s) { return any_all_impl(s, std::nullopt, false, false); }
@@ -2180,11 +2187,13 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     return write_out("min", min_all(s), out);
   });
   m.impl("max.dim_max", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
+    check_value_index_outs(s, values, indices);
     auto [v, i] = max_dim(s, d, k);
     write_outs("max", {v, i}, {values, indices});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
   });
   m.impl("min.dim_min", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& values, at::Tensor& indices) {
+    check_value_index_outs(s, values, indices);
     auto [v, i] = min_dim(s, d, k);
     write_outs("min", {v, i}, {values, indices});
     return std::tuple<at::Tensor&, at::Tensor&>(values, indices);
@@ -2206,16 +2215,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("linalg_vector_norm.out", vector_norm_out);
   m.impl("all", all_fn);
   m.impl("all.all_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
-    return write_out("all", all_fn(s), out);
+    return write_out("all", all_fn(s), check_bool_result("all", out));
   });
   m.impl("all.out", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& out) -> at::Tensor& {
-    return write_out("all", all_dim(s, d, k), out);
+    return write_out("all", all_dim(s, d, k), check_bool_result("all", out));
   });
   m.impl("any.all_out", [](const at::Tensor& s, at::Tensor& out) -> at::Tensor& {
-    return write_out("any", any_fn(s), out);
+    return write_out("any", any_fn(s), check_bool_result("any", out));
   });
   m.impl("any.out", [](const at::Tensor& s, int64_t d, bool k, at::Tensor& out) -> at::Tensor& {
-    return write_out("any", any_dim(s, d, k), out);
+    return write_out("any", any_dim(s, d, k), check_bool_result("any", out));
   });
   m.impl("any", any_fn);
   m.impl("all.dims", all_dims);

@@ -484,7 +484,15 @@ at::Tensor& index_reduce_inplace(at::Tensor& s, int64_t d, const at::Tensor& i, 
   return s;
 }
 
-// searchsorted: the number of boundary elements < v (left) or <= v (right) in each row.
+// searchsorted / bucketize's out= tensor has exactly the index dtype out_int32 asks for.
+void check_search_out(const char* name, const at::Tensor& out, bool out_int32) {
+  TORCH_CHECK(out.scalar_type() == (out_int32 ? at::kInt : at::kLong), "torch.", name,
+              "(): output tensor's dtype is wrong, it can only be Int(int32) or Long(int64) depending on whether out_int32 "
+              "flag is True, but we got output tensor's dtype ", out.scalar_type(), " and out_int32 flag is ",
+              out_int32 ? "True" : "False");
+}
+
+// searchsorted / bucketize: ATen's binary search (lowering::searchsorted).
 at::Tensor searchsorted_impl(const at::Tensor& sorted, const at::Tensor& values, bool out_int32, bool right,
                              std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter) {
   if (side) {
@@ -493,31 +501,39 @@ at::Tensor searchsorted_impl(const at::Tensor& sorted, const at::Tensor& values,
                 *side, " while right was True");
     right = *side == "right";
   }
+  TORCH_CHECK(sorted.dim() > 0, "torch.searchsorted(): boundaries tensor should have positive dimension, but got 0 dimension");
+  TORCH_CHECK(sorted.dim() == 1 || !values.unsafeGetTensorImpl()->is_wrapped_number(),
+              "torch.searchsorted(): input value can be a scalar only when boundaries tensor dimension is 1, but we got "
+              "boundaries tensor dim(", sorted.dim(), ") and input value's dim(", values.dim(), ") numel(", values.numel(), ")");
   TORCH_CHECK(sorted.dim() == 1 || (sorted.dim() == values.dim() &&
                                     sorted.sizes().slice(0, sorted.dim() - 1).equals(values.sizes().slice(0, values.dim() - 1))),
               "torch.searchsorted(): boundaries tensor should be 1 dimension or the first N-1 dimensions of boundaries tensor and input value tensor must match, but we got boundaries tensor ",
               sorted.sizes(), " and input value tensor ", values.sizes());
+  // As ATen warns: a strided operand is gathered into order first, a copy the caller can save.
+  for (auto [t, what] : {std::pair<const at::Tensor*, const char*>{&values, "input value"}, {&sorted, "boundary"},
+                         {sorter && sorter->defined() ? &*sorter : nullptr, "sorter"}}) {
+    if (t && !t->is_contiguous()) {
+      TORCH_WARN_ONCE("torch.searchsorted(): ", what, " tensor is non-contiguous: pjrt reads it through a strided copy; "
+                      "a contiguous ", what, " tensor saves it. This message appears once per program.");
+    }
+  }
+  if (sorter && sorter->defined()) {
+    TORCH_CHECK(sorter->sizes() == sorted.sizes(), "torch.searchsorted(): boundary and sorter must have the same size, but "
+                "got boundary tensor ", sorted.sizes(), " and got sorter tensor ", sorter->sizes());
+    TORCH_CHECK(sorter->scalar_type() == at::kLong, "torch.searchsorted(): sorter must be a tensor of long dtype but got dtype ",
+                sorter->scalar_type());
+    if (sorter->numel() > 0) {  // one host read, as ATen's own check reads it
+      auto [lo, hi] = at::aminmax(*sorter);
+      TORCH_CHECK(lo.item<int64_t>() >= 0 && hi.item<int64_t>() < sorted.size(-1), "torch.searchsorted(): sorter index out of range");
+    }
+  }
   OpBuilder op("aten::searchsorted");
   auto& b = op.b();
   at::ScalarType common = at::promote_types(sorted.scalar_type(), values.scalar_type());
   Value seq = b.convert(op.input(sorted), to_ir(common));
   if (sorter && sorter->defined()) seq = L::gather(b, seq, sorted.dim() - 1, op.input(*sorter));
   Value v = b.convert(op.input(values), to_ir(common));
-  auto vd = b.dims(v);
-  int64_t m = sorted.size(-1);
-  std::vector<int64_t> wide = vd;
-  wide.push_back(m);
-  std::vector<int64_t> v_map, s_map;
-  for (size_t i = 0; i < vd.size(); ++i) v_map.push_back(static_cast<int64_t>(i));
-  if (sorted.dim() == 1) {
-    s_map = {static_cast<int64_t>(vd.size())};
-  } else {
-    for (size_t i = 0; i + 1 < vd.size(); ++i) s_map.push_back(static_cast<int64_t>(i));
-    s_map.push_back(static_cast<int64_t>(vd.size()));
-  }
-  Value vb = b.broadcast_in_dim(v, wide, v_map), sb = b.broadcast_in_dim(seq, wide, s_map);
-  Value below = b.compare(sb, vb, right ? "LE" : "LT");
-  Value count = L::sum(b, b.convert(below, DType::S64), {static_cast<int64_t>(vd.size())}, false, DType::S64);
+  Value count = L::searchsorted(b, seq, v, right);
   at::ScalarType out = out_int32 ? at::kInt : at::kLong;
   return finish(op, b.convert(count, to_ir(out)), out, nullptr);
 }
@@ -532,6 +548,9 @@ at::Tensor searchsorted_scalar_fn(const at::Tensor& seq, const at::Scalar& v, bo
 at::Tensor bucketize_fn(const at::Tensor& self, const at::Tensor& boundaries, bool i32, bool right) {
   TORCH_CHECK(boundaries.dim() == 1, "boundaries tensor must be 1 dimension, but got dim(", boundaries.dim(), ")");
   return searchsorted_impl(boundaries, self, i32, right, std::nullopt, std::nullopt);
+}
+at::Tensor bucketize_scalar_fn(const at::Scalar& self, const at::Tensor& boundaries, bool i32, bool right) {
+  return bucketize_fn(scalar_tensor_like(self), boundaries, i32, right);
 }
 
 // isin: every element compared with every test element (no host sync, no sort).
@@ -561,12 +580,6 @@ at::Tensor isin_st(const at::Scalar& e, const at::Tensor& t, bool, bool inv) {
 
 // ---------------------------------------------------------------- reductions
 
-std::vector<int64_t> reduction_dims(const at::Tensor& self, at::OptionalIntArrayRef dims) {
-  std::vector<int64_t> out;
-  if (!dims || dims->empty() || self.dim() == 0) return out;
-  for (int64_t d : *dims) out.push_back(at::maybe_wrap_dim(d, self.dim()));
-  return out;
-}
 
 at::Tensor nansum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                        std::optional<at::ScalarType> dtype, const at::Tensor* into) {
@@ -583,7 +596,7 @@ at::Tensor nansum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, boo
   auto& b = op.b();
   Value x = op.input(self);
   if (ir::is_floating(b.dtype(x))) x = b.select(b.compare(x, x, "NE"), b.scalar_like(x, 0), x);
-  Value r = L::sum(b, x, reduction_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
+  Value r = L::sum(b, x, reduce_dims(self, dims), keepdim && self.dim() > 0, to_ir(out));
   return finish(op, r, out, into);
 }
 at::Tensor nansum_fn(const at::Tensor& s, at::OptionalIntArrayRef d, bool k, std::optional<at::ScalarType> t) {
@@ -602,11 +615,13 @@ std::tuple<at::Tensor, at::Tensor> moments(const char* name, const at::Tensor& s
   OpBuilder op(std::string("aten::") + name);
   auto& b = op.b();
   Value x = op.input(self);
-  auto d = reduction_dims(self, dims);
+  auto d = reduce_dims(self, dims);
   bool kd = keepdim && self.dim() > 0;
   DType dt = to_ir(self.scalar_type());
   at::ScalarType real = c10::toRealValueType(self.scalar_type());
-  Value v = L::var(b, x, d, correction ? correction->toDouble() : 1.0, kd, to_ir(real));
+  const double corr = correction ? correction->toDouble() : 1.0;
+  warn_degrees_of_freedom(name, self, d, corr);
+  Value v = L::var(b, x, d, corr, kd, to_ir(real));
   if (take_sqrt) v = b.unary("sqrt", v);
   Value m = L::mean(b, x, d, kd, dt);
   at::Tensor first = op.output(v, real);
@@ -624,6 +639,7 @@ std::tuple<at::Tensor, at::Tensor> var_mean_fn(const at::Tensor& s, at::Optional
 }
 
 std::tuple<at::Tensor, at::Tensor> aminmax_fn(const at::Tensor& self, std::optional<int64_t> dim, bool keepdim) {
+  TORCH_CHECK(!at::isComplexType(self.scalar_type()), "aminmax not implemented for ", self.scalar_type());
   TORCH_CHECK(self.dim() <= 64, "aminmax(): only tensors with up to 64 dims are supported, got ", self.dim());
   TORCH_CHECK(self.numel() > 0 || dim, "aminmax(): cannot compute aminmax over an empty dimension as the operation has no identity.");
   OpBuilder op("aten::aminmax");
@@ -632,7 +648,7 @@ std::tuple<at::Tensor, at::Tensor> aminmax_fn(const at::Tensor& self, std::optio
   std::vector<int64_t> d;
   if (dim && self.dim() > 0) {
     d.push_back(at::maybe_wrap_dim(*dim, self.dim()));
-    TORCH_CHECK_INDEX(self.size(d[0]) > 0, "aminmax(): Expected reduction dim ", d[0], " to have non-zero size.");
+    check_reduction_dim_nonempty("aminmax", self, d[0]);
   }
   bool kd = keepdim && self.dim() > 0;
   Value lo = L::amax(b, x, d, kd, false), hi = L::amax(b, x, d, kd, true);
@@ -651,14 +667,14 @@ at::Tensor count_nonzero_fn(const at::Tensor& self, c10::IntArrayRef dims) {
   auto& b = op.b();
   Value x = op.input(self);
   Value nz = b.convert(b.compare(x, b.scalar_like(x, 0), "NE"), DType::S64);
-  return finish(op, L::sum(b, nz, reduction_dims(self, dims), false, DType::S64), at::kLong, nullptr);
+  return finish(op, L::sum(b, nz, reduce_dims(self, dims), false, DType::S64), at::kLong, nullptr);
 }
 
 // mode along dim: the most frequent value (the smallest among equally frequent ones) and the
 // index of its last occurrence, like the CPU kernel. O(n^2) comparisons per row.
 std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, bool keepdim) {
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  TORCH_CHECK(self.dim() == 0 || self.size(d) > 0, "mode(): Expected reduction dim ", d, " to have non-zero size.");
+  check_reduction_dim_nonempty("mode", self, d);
   OpBuilder op("aten::mode");
   auto& b = op.b();
   Value x = op.input(self);
@@ -697,6 +713,12 @@ std::tuple<at::Tensor, at::Tensor> mode_fn(const at::Tensor& self, int64_t dim, 
 
 std::tuple<at::Tensor&, at::Tensor&> mode_out(const at::Tensor& self, int64_t dim, bool keepdim, at::Tensor& values,
                                               at::Tensor& indices) {
+  // mode's outs take its result types exactly (ATen's wording).
+  for (auto [out, want, name] : {std::tuple<const at::Tensor&, at::ScalarType, const char*>{values, self.scalar_type(), "values"},
+                                 {indices, at::kLong, "indices"}}) {
+    TORCH_CHECK(out.scalar_type() == want, "mode(): expected scalar type '", want, "' but got '", out.scalar_type(),
+                "' for ", name, " output");
+  }
   auto [v, i] = mode_fn(self, dim, keepdim);
   write_outs("mode", {v, i}, {values, indices});
   return {values, indices};
@@ -1255,25 +1277,25 @@ at::Tensor histc_fn(const at::Tensor& self, int64_t bins, const at::Scalar& min,
               dtype);
   double lo = integral ? static_cast<double>(min.toLong()) : min.toDouble();
   double hi = integral ? static_cast<double>(max.toLong()) : max.toDouble();
+  const int64_t n = self.numel();
+  if (lo == hi && n > 0) {
+    // The range from the data, read on the host as CUDA's kernel reads it (the refusal of an
+    // infinite or NaN range below needs the values).
+    auto [data_lo, data_hi] = at::aminmax(self);
+    lo = data_lo.item<double>();
+    hi = data_hi.item<double>();
+  }
+  if (lo == hi) {  // a constant tensor widens by 1 on each side
+    lo -= 1;
+    hi += 1;
+  }
   TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "torch.histc: range of [", lo, ", ", hi, "] is not finite");
   TORCH_CHECK(lo <= hi, "torch.histc: max must be larger than min");
   OpBuilder op("aten::histc");
   auto& b = op.b();
-  int64_t n = self.numel();
   const DType work = integral ? DType::S64 : DType::F64;
   Value x = b.convert(b.reshape(op.input(self), {n}), work);
-  Value vlo, vhi;
-  if (lo == hi && n > 0) {
-    // Range from the data; a constant tensor widens by 1 on each side.
-    vlo = L::amax(b, x, {}, false, false);
-    vhi = L::amax(b, x, {}, false, true);
-    Value same = b.compare(vlo, vhi, "EQ");
-    vlo = b.select(same, b.binary("subtract", vlo, b.scalar_like(vlo, 1)), vlo);
-    vhi = b.select(same, b.binary("add", vhi, b.scalar_like(vhi, 1)), vhi);
-  } else {
-    vlo = b.constant(work, lo == hi ? lo - 1 : lo);
-    vhi = b.constant(work, lo == hi ? hi + 1 : hi);
-  }
+  Value vlo = b.constant(work, lo), vhi = b.constant(work, hi);
   Value lo_b = b.broadcast_to(vlo, {n}), hi_b = b.broadcast_to(vhi, {n});
   Value inside = b.binary("and", b.compare(x, lo_b, "GE"), b.compare(x, hi_b, "LE"));
   // (x - lo) * bins / (hi - lo): exact integer division for integers (x >= lo inside, so it
@@ -1476,12 +1498,15 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("searchsorted.Tensor_out", [](const at::Tensor& seq, const at::Tensor& v, bool i32, bool right,
                                        std::optional<c10::string_view> side, const std::optional<at::Tensor>& sorter,
                                        at::Tensor& out) -> at::Tensor& {
+    check_search_out("searchsorted", out, i32);
     return write_out("searchsorted", searchsorted_fn(seq, v, i32, right, side, sorter), out);
   });
   m.impl("searchsorted.Scalar", searchsorted_scalar_fn);
   m.impl("bucketize.Tensor", bucketize_fn);
+  m.impl("bucketize.Scalar", bucketize_scalar_fn);
   m.impl("bucketize.Tensor_out", [](const at::Tensor& s, const at::Tensor& b, bool i32, bool right,
                                     at::Tensor& out) -> at::Tensor& {
+    check_search_out("bucketize", out, i32);
     return write_out("bucketize", bucketize_fn(s, b, i32, right), out);
   });
   m.impl("isin.Tensor_Tensor", isin_tt);

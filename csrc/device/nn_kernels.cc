@@ -1004,6 +1004,7 @@ std::tuple<at::Tensor&, at::Tensor&> topk_out(const at::Tensor& self, int64_t k,
 
 std::tuple<at::Tensor, at::Tensor> kthvalue_fn(const at::Tensor& self, int64_t k, int64_t dim, bool keepdim) {
   int64_t n = self.dim() == 0 ? 1 : self.size(at::maybe_wrap_dim(dim, self.dim()));
+  check_reduction_dim_nonempty("kthvalue", self, at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1)));
   TORCH_CHECK(k >= 1 && k <= n, "kthvalue(): selected number k out of range for dimension ", dim);
   return sorted_slice("kthvalue", self, dim, false, k - 1, 1, keepdim);
 }
@@ -1012,7 +1013,7 @@ std::tuple<at::Tensor, at::Tensor> kthvalue_fn(const at::Tensor& self, int64_t k
 // (its first NaN), nanmedian ignores NaNs.
 std::tuple<at::Tensor, at::Tensor> median_impl(const at::Tensor& self, int64_t dim, bool keepdim, bool ignore_nan) {
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  TORCH_CHECK(self.dim() == 0 || self.size(d) > 0, "median(): Expected reduction dim ", d, " to have non-zero size.");
+  check_reduction_dim_nonempty("median", self, d);  // ATen names nanmedian "median" here too
   OpBuilder op(ignore_nan ? "aten::nanmedian" : "aten::median");
   auto& b = op.b();
   Value x = op.input(self);
@@ -1054,11 +1055,11 @@ std::tuple<at::Tensor, at::Tensor> nanmedian_dim_fn(const at::Tensor& s, int64_t
   return median_impl(s, d, k, true);
 }
 at::Tensor median_all_fn(const at::Tensor& s) {
-  TORCH_CHECK(s.numel() > 0, "median() input tensor cannot be empty");
+  if (s.numel() == 0) return at::full({}, NAN, s.options());  // as ATen: NaN (cast to the dtype)
   return std::get<0>(median_impl(s.reshape({-1}), 0, false, false));
 }
 at::Tensor nanmedian_all_fn(const at::Tensor& s) {
-  TORCH_CHECK(s.numel() > 0, "nanmedian() input tensor cannot be empty");
+  if (s.numel() == 0) return at::full({}, NAN, s.options());
   return std::get<0>(median_impl(s.reshape({-1}), 0, false, true));
 }
 

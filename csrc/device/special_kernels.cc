@@ -201,8 +201,10 @@ Tensor& narrow_copy_out(const Tensor& self, int64_t dim, int64_t start, int64_t 
 }
 
 Tensor bincount_fn(const Tensor& self, const std::optional<Tensor>& weights, int64_t minlength) {
-  TORCH_CHECK(self.dim() == 1 && !at::isFloatingType(self.scalar_type()) && self.scalar_type() != at::kBool,
-              "bincount only supports 1-d non-negative integral inputs.");
+  // ATen dispatches on the dtype before it checks the shape.
+  TORCH_CHECK_NOT_IMPLEMENTED(at::isIntegralType(self.scalar_type(), /*includeBool=*/false), "\"bincount\" not implemented for '",
+              self.scalar_type(), "'");
+  TORCH_CHECK(self.dim() == 1, "bincount only supports 1-d non-negative integral inputs.");
   TORCH_CHECK(minlength >= 0, "minlength should be >= 0");
   bool weighted = weights && weights->defined();
   if (weighted) {

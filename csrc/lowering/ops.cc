@@ -1533,6 +1533,31 @@ Value gather(Builder& b, Value x, int64_t dim, Value index) {
   return b.gather(x, coords, {}, all, all, rank, std::vector<int64_t>(rank, 1), shape);
 }
 
+Value searchsorted(Builder& b, Value sorted, Value values, bool right) {
+  auto value_dims = b.dims(values);
+  const int64_t m = b.dims(sorted).back();
+  if (m == 0) return b.constant_int(DType::S64, 0, value_dims);
+  // One 1-D row for every value: searched with the values flattened.
+  const bool one_row = b.dims(sorted).size() == 1;
+  Value v = one_row ? b.reshape(values, {b.type(values).numel()}) : values;
+  auto dims = b.dims(v);
+  const int64_t last = static_cast<int64_t>(dims.size()) - 1;
+  if (dims.empty() || dims[last] == 0) return b.constant_int(DType::S64, 0, value_dims);
+  Value start = b.constant_int(DType::S64, 0, dims), end = b.constant_int(DType::S64, m, dims);
+  Value one = b.constant_int(DType::S64, 1, dims), two = b.constant_int(DType::S64, 2, dims);
+  Value zero = b.constant_int(DType::S64, 0, dims), top = b.constant_int(DType::S64, m - 1, dims);
+  // ceil(log2(m + 1)) halvings close every interval [start, end); a closed one stays put.
+  for (int64_t width = m; width > 0; width /= 2) {
+    Value open = b.compare(start, end, "LT");
+    Value mid = b.binary("add", start, b.binary("divide", b.binary("subtract", end, start), two));
+    Value at_mid = gather(b, sorted, one_row ? 0 : last, b.clamp(zero, mid, top));
+    Value stop = b.compare(at_mid, v, right ? "GT" : "GE");  // false for a NaN either side
+    start = b.select(b.binary("and", open, b.unary("not", stop)), b.binary("add", mid, one), start);
+    end = b.select(b.binary("and", open, stop), mid, end);
+  }
+  return b.reshape(start, value_dims);
+}
+
 Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce) {
   auto shape = b.dims(index);
   int64_t rank = static_cast<int64_t>(shape.size());

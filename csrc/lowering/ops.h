@@ -93,6 +93,11 @@ Value cat(Builder& b, const std::vector<Value>& xs, int64_t dim, DType out);
 Value index_select(Builder& b, Value x, int64_t dim, Value index);
 // out[i][j] = x[i][index[i][j]] along dim (torch.gather).
 Value gather(Builder& b, Value x, int64_t dim, Value index);
+// torch.searchsorted: for each value, the index ATen's binary search over the last dim of
+// `sorted` ends at (its first element not < v; not <= v with `right`), so an unsorted row
+// or a NaN gives the same answer as there. sorted is 1-D, or shaped like values but for
+// its last dim; both of one dtype. Result S64, shaped like values.
+Value searchsorted(Builder& b, Value sorted, Value values, bool right);
 // torch.scatter / scatter_add along dim; reduce "" (overwrite), "add", "mul", "amax", "amin"
 // (NaN-propagating, as scatter_reduce), or "max" (XLA's maximum, as embedding_bag's running `>`).
 Value scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce);
