@@ -258,7 +258,8 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward_fn(const at::Tensor& grad, con
   OpBuilder op("aten::_prelu_kernel_backward");
   auto& b = op.b();
   ir::DType dt = to_ir(self.scalar_type()), acc = L::accumulate_type(dt);
-  Value g = b.convert(op.input(grad), acc), x = b.convert(op.input(self), acc), w = b.convert(op.input(weight), acc);
+  // Read in ATen's operand order (self, weight, grad): grad_input is laid out as its TensorIterator lays it out.
+  Value x = b.convert(op.input(self), acc), w = b.convert(op.input(weight), acc), g = b.convert(op.input(grad), acc);
   auto shape = ir::broadcast_shapes(ir::broadcast_shapes(b.dims(g), b.dims(x)), b.dims(w));
   g = b.broadcast_to(g, shape);
   x = b.broadcast_to(x, shape);
@@ -273,7 +274,8 @@ std::tuple<at::Tensor, at::Tensor> prelu_backward_fn(const at::Tensor& grad, con
     if (i < lead || (wd[i - lead] == 1 && shape[i] != 1)) reduce.push_back(static_cast<int64_t>(i));
   }
   if (!reduce.empty()) gw = b.reshape(L::sum(b, gw, reduce, false, acc), wd);
-  at::Tensor grad_input = op.output(b.convert(gi, dt), self.scalar_type());
+  at::Tensor grad_input =
+      op.output(b.convert(gi, dt), self.scalar_type(), op.pointwise_layout(static_cast<int64_t>(shape.size())));
   at::Tensor grad_weight = op.output(b.convert(gw, to_ir(weight.scalar_type())), weight.scalar_type());
   op.run();
   return {grad_input, grad_weight};

@@ -64,6 +64,24 @@ inline std::vector<int64_t> reduce_dims(const at::Tensor& self, at::OptionalIntA
   return out;
 }
 
+// nll_loss / nll_loss2d's checks of target and weight, in ATen's wording (`per_class`:
+// nll_loss names the class count in the weight message, nll_loss2d does not).
+inline void check_nll_loss_args(const at::Tensor& self, const at::Tensor& target, const std::optional<at::Tensor>& weight,
+                                bool per_class) {
+  TORCH_CHECK(target.scalar_type() == at::kLong || target.scalar_type() == at::kByte,
+              "expected target dtype to be Long or Byte, but got ", target.scalar_type());
+  if (!weight || !weight->defined()) return;
+  const int64_t classes = self.dim() == 0 ? 1 : self.size(self.dim() == 1 ? 0 : 1);
+  if (per_class) {
+    TORCH_CHECK(weight->numel() == classes, "weight tensor should be defined either for all ", classes,
+                " classes or no classes but got weight tensor of shape: ", weight->sizes());
+  } else {
+    TORCH_CHECK(weight->numel() == classes, "weight tensor should be defined either for all or no classes");
+  }
+  TORCH_CHECK(weight->scalar_type() == self.scalar_type(), "expected scalar type ", self.scalar_type(), " but found ",
+              weight->scalar_type());
+}
+
 // A reduction along dim `d` (wrapped) with no identity refuses an empty dim, as ATen's
 // zero_numel_check_dims does (an IndexError in Python).
 inline void check_reduction_dim_nonempty(const char* name, const at::Tensor& self, int64_t d) {

@@ -1693,6 +1693,7 @@ std::tuple<at::Tensor, at::Tensor> nll_loss_forward_fn(const at::Tensor& self, c
   TORCH_CHECK(target.dim() <= 1, "0D or 1D target tensor expected, multi-target not supported");
   TORCH_CHECK(self.dim() == 1 || self.size(0) == target.size(0), "size mismatch (got input: ", self.sizes(),
               ", target: ", target.sizes(), ")");
+  check_nll_loss_args(self, target, weight, /*per_class=*/true);
   OpBuilder op("aten::nll_loss_forward");
   Value w;
   bool has_w = weight && weight->defined();

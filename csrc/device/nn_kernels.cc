@@ -51,6 +51,14 @@ L::ConvParams conv_params(size_t n, c10::IntArrayRef stride, c10::IntArrayRef pa
 }
 
 // In ATen's order of checks, with its wording (callers match it).
+// ATen's convolution backends lay out the result and both gradients channels-last when the
+// input or the weight is (determine_backend_memory_format).
+at::MemoryFormat conv_layout(const at::Tensor& input, const at::Tensor& weight) {
+  if (input.dim() != 4 && input.dim() != 5) return at::MemoryFormat::Contiguous;
+  const at::MemoryFormat cl = input.dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  return input.suggest_memory_format() == cl || weight.suggest_memory_format() == cl ? cl : at::MemoryFormat::Contiguous;
+}
+
 void check_conv(const at::Tensor& input, const at::Tensor& weight, bool transposed, int64_t groups) {
   TORCH_CHECK(weight.dim() >= 3, "convolution: weight should have at least three dimensions, got ", weight.sizes());
   TORCH_CHECK(weight.dim() == input.dim() && input.dim() <= 5, "convolution: Expected ", weight.dim(),
@@ -101,7 +109,7 @@ at::Tensor convolution_fn(const at::Tensor& input, const at::Tensor& weight, con
   if (bias && bias->defined()) {
     y = b.binary("add", y, b.broadcast_in_dim(b.convert(op.input(*bias), b.dtype(y)), b.dims(y), {1}));
   }
-  return finish(op, y, input.scalar_type(), nullptr, op.suggested_layout(input.dim()));
+  return finish(op, y, input.scalar_type(), nullptr, conv_layout(input, weight));
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
@@ -122,12 +130,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_impl(
       std::vector<int64_t> limit = vec(input.sizes());
       if (b.dims(v) != limit) v = b.slice(v, std::vector<int64_t>(limit.size(), 0), limit, std::vector<int64_t>(limit.size(), 1));
     }
-    gi = op.output(v, input.scalar_type(), layout_like(input));
+    gi = op.output(v, input.scalar_type(), conv_layout(input, weight));
   }
   if (mask[1]) {
     Value v = transposed ? L::conv_weight_grad(b, g, x, p, spatial(weight, n))
                          : L::conv_weight_grad(b, x, g, p, spatial(weight, n));
-    gw = op.output(v, weight.scalar_type(), layout_like(input));
+    gw = op.output(v, weight.scalar_type(), conv_layout(input, weight));
   }
   if (mask[2]) {
     std::vector<int64_t> dims{0};
@@ -291,8 +299,9 @@ std::tuple<at::Tensor, at::Tensor> adaptive_max_pool_fn(size_t n, const char* na
   }
   OpBuilder op(std::string("aten::") + name);
   auto r = L::adaptive_max_pool(op.b(), op.input(self), vec(output_size));
-  at::Tensor v = op.output(r[0], self.scalar_type());
-  at::Tensor i = op.output(r[1], at::kLong);
+  // As the CPU kernel: both results in the input's suggested layout.
+  at::Tensor v = op.output(r[0], self.scalar_type(), self.suggest_memory_format());
+  at::Tensor i = op.output(r[1], at::kLong, self.suggest_memory_format());
   op.run();
   return {v, i};
 }
@@ -626,7 +635,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_fn(const at::Te
   if (has_b) bi = b.reshape(op.input(*bias), {c});
   auto r = L::group_norm(b, x, has_w ? &w : nullptr, has_b ? &bi : nullptr, groups, eps);
   ir::DType dt = to_ir(input.scalar_type());
-  at::Tensor out = op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type());
+  at::Tensor out = op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type(), input.suggest_memory_format());
   at::Tensor mean = op.output(b.convert(r[1], dt), input.scalar_type());
   at::Tensor rstd = op.output(b.convert(r[2], dt), input.scalar_type());
   op.run();
@@ -647,7 +656,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_group_norm_backward_fn(
   auto r = L::group_norm_backward(b, g, x, b.reshape(op.input(mean), {n, groups}),
                                   b.reshape(op.input(rstd), {n, groups}), has_w ? &w : nullptr, groups);
   at::ScalarType param_type = has_w ? weight->scalar_type() : input.scalar_type();
-  at::Tensor gi = mask[0] ? op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type()) : at::Tensor();
+  at::Tensor gi = mask[0] ? op.output(b.reshape(r[0], vec(input.sizes())), input.scalar_type(), input.suggest_memory_format())
+                          : at::Tensor();
   at::Tensor gw = mask[1] ? op.output(b.convert(r[1], to_ir(param_type)), param_type) : at::Tensor();
   at::Tensor gb = mask[2] ? op.output(b.convert(r[2], to_ir(param_type)), param_type) : at::Tensor();
   op.run();
@@ -1436,6 +1446,7 @@ std::tuple<at::Tensor, at::Tensor> nll_loss2d_fn(const at::Tensor& self, const a
   TORCH_CHECK(self.size(0) == target.size(0) && self.size(2) == target.size(1) && self.size(3) == target.size(2),
               "nll_loss2d: input and target batch or spatial sizes don't match: target ", target.sizes(), ", input ",
               self.sizes());
+  check_nll_loss_args(self, target, weight, /*per_class=*/false);
   OpBuilder op("aten::nll_loss2d_forward");
   auto& b = op.b();
   Value w;

@@ -91,3 +91,56 @@ def test_cnn_trains_in_channels_last_like_cpu(dev: torch.device) -> None:
     for p in model.parameters():
         if p.dim() == 4:
             assert p.is_contiguous(memory_format=CL)
+
+
+def _layouts(values: object) -> list[tuple[int | None, ...]]:
+    # A size-1 dim's stride is free (ATen picks either); the others fix the layout.
+    flat = values if isinstance(values, (tuple, list)) else (values,)
+    return [tuple(None if n == 1 else s for n, s in zip(t.shape, t.stride()))
+            for t in flat if isinstance(t, torch.Tensor) and t.dim() >= 2]
+
+
+# (name, module factory, input shape, input channels-last, module channels-last, gradients too)
+_MODULE_LAYOUT_CASES = [
+    ("conv-weight-cl", lambda: nn.Conv2d(3, 4, 3), (2, 3, 5, 5), False, True, True),
+    ("conv-input-cl", lambda: nn.Conv2d(3, 4, 3), (2, 3, 5, 5), True, False, True),
+    ("conv3d-weight-cl", lambda: nn.Conv3d(3, 4, 2), (2, 3, 4, 4, 4), False, True, True),
+    ("conv-transpose-weight-cl", lambda: nn.ConvTranspose2d(3, 4, 3), (1, 3, 5, 5), False, True, True),
+    # Forward only: native_group_norm's autograd formula hands a non-CPU backward contiguous
+    # copies, so its input gradient is contiguous on every device but the CPU.
+    ("group-norm-input-cl", lambda: nn.GroupNorm(3, 6), (2, 6, 4, 4), True, False, False),
+    ("adaptive-max-pool-cl", lambda: nn.AdaptiveMaxPool2d((2, 2), return_indices=True), (2, 3, 5, 5), True, False, True),
+    # (2, 3, 1, 1) is both contiguous and channels-last: the input's own strides decide.
+    ("adaptive-max-pool-1x1-cl", lambda: nn.AdaptiveMaxPool2d((2, 2), return_indices=True), (2, 3, 1, 1), True, False, True),
+    ("prelu-input-cl", lambda: nn.PReLU(3), (2, 3, 4, 4), True, False, True),
+]
+
+
+@pytest.mark.parametrize("name,make,shape,input_cl,module_cl,check_grads", _MODULE_LAYOUT_CASES,
+                         ids=[c[0] for c in _MODULE_LAYOUT_CASES])
+def test_module_result_and_gradient_layouts_as_cpu(dev: torch.device, name: str, make, shape, input_cl: bool,
+                                                   module_cl: bool, check_grads: bool) -> None:
+    # The strides of the results and of the input and parameter gradients (taken with
+    # autograd.grad, which hands back the backward's own tensors) are the CPU's.
+    torch.manual_seed(0)
+    ref = make()
+    model = copy.deepcopy(ref).to(dev)
+    if module_cl:
+        ref.to(memory_format=CL if len(shape) == 4 else torch.channels_last_3d)
+        model.to(memory_format=CL if len(shape) == 4 else torch.channels_last_3d)
+    x = torch.randn(shape)
+    if input_cl:
+        x = x.to(memory_format=CL)
+    xd = x.to(dev).requires_grad_()
+    x.requires_grad_()
+    with torch_pjrt.fallback_mode("error"):
+        out = model(xd)
+        first = out[0] if isinstance(out, tuple) else out
+        grads = torch.autograd.grad(first, (xd, *model.parameters()), torch.ones_like(first))
+    out_ref = ref(x)
+    first_ref = out_ref[0] if isinstance(out_ref, tuple) else out_ref
+    grads_ref = torch.autograd.grad(first_ref, (x, *ref.parameters()), torch.ones_like(first_ref))
+    assert _layouts(out) == _layouts(out_ref)
+    if check_grads:
+        assert _layouts(grads) == _layouts(grads_ref)
+    assert_close(first, first_ref.detach(), rtol=1e-4, atol=1e-5)

@@ -1,4 +1,4 @@
-"""Reductions and searches refuse what ATen refuses, with the same exception type and
+"""Reductions, searches and nll_loss refuse what ATen refuses, with the same exception type and
 wording, and answer the edge cases ATen answers (empty dims, NaN, unsorted rows), judged
 against CPU PyTorch (fallback forbidden)."""
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Callable
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from conftest import DEV
 
@@ -16,6 +17,7 @@ Fn = Callable[[torch.device], object]
 
 
 def _run(fn: Fn, device: torch.device) -> tuple[object, BaseException | None]:
+    torch.manual_seed(0)  # the same CPU-drawn inputs for both devices
     try:
         return fn(device), None
     except Exception as error:  # noqa: BLE001 - the exception itself is compared
@@ -86,6 +88,19 @@ _CASES: list[tuple[str, Fn, str | None]] = [
     ("searchsorted-sorter-range", lambda d: torch.searchsorted(torch.tensor([1, 2, 3], device=d), 2,
                                                                sorter=torch.tensor([0, 1, 3], device=d)), "out of range"),
     ("bucketize-scalar", lambda d: torch.bucketize(2.5, torch.tensor([1.0, 2.0, 3.0], device=d)), None),
+    ("nll-loss-float-target", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.zeros(2, device=d)),
+     "expected target dtype to be Long or Byte"),
+    ("nll-loss2d-float-target", lambda d: F.nll_loss(torch.randn(2, 3, 2, 2).to(d), torch.zeros(2, 2, 2, device=d)),
+     "expected target dtype to be Long or Byte"),
+    ("nll-loss-short-weight", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 1], device=d),
+                                                   weight=torch.ones(2, device=d)), "defined either for all 3 classes"),
+    ("nll-loss2d-short-weight", lambda d: F.nll_loss(torch.randn(2, 3, 2, 2).to(d), torch.zeros(2, 2, 2, dtype=torch.long,
+                                                     device=d), weight=torch.ones(2, device=d)), "defined either for all"),
+    ("nll-loss-weight-dtype", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 1], device=d),
+                                                   weight=torch.ones(3, dtype=torch.double, device=d)),
+     r"expected scalar type \w+ but found \w+"),
+    ("nll-loss-byte-target", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 2], dtype=torch.uint8, device=d)),
+     None),
 ]
 
 
