@@ -346,8 +346,12 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
   if (alpha.isFloatingPoint() || !(alpha.isIntegral(false) && alpha.toLong() == 1)) {
     OpBuilder op(std::string("aten::") + name);
     at::ScalarType common = at::result_type(self, other);
-    TORCH_CHECK(!(at::isIntegralType(common, true) && alpha.isFloatingPoint()),
+    // ATen's alpha_check, in its order.
+    TORCH_CHECK(!alpha.isBoolean() || common == at::kBool, "Boolean alpha only supported for Boolean results.");
+    TORCH_CHECK(at::isFloatingType(common) || at::isComplexType(common) || alpha.isIntegral(/*includeBool=*/true),
                 "For integral input tensors, argument alpha must not be a floating point number.");
+    TORCH_CHECK(at::isComplexType(common) || !alpha.isComplex(),
+                "For non-complex input tensors, argument alpha must not be a complex number.");
     Value x = op.input(self), y = op.input(other);
     auto shape = ir::broadcast_shapes(op.b().dims(x), op.b().dims(y));
     if (into && into->is_same(self)) {

@@ -167,13 +167,15 @@ Value complex_divide(Builder& b, Value x, Value y) {
   Value abs_c = b.unary("abs", c), abs_d = b.unary("abs", d), zero = b.scalar_like(c, 0);
   Value real_wider = b.compare(abs_c, abs_d, "GE");  // false for a NaN part, as on CPU
   Value rat = b.select(real_wider, b.binary("divide", d, c), b.binary("divide", c, d));
-  Value scl = b.binary("divide", b.scalar_like(c, 1), b.select(real_wider, b.binary("add", c, b.binary("multiply", d, rat)),
-                                                             b.binary("add", d, b.binary("multiply", c, rat))));
+  // Divided by the scale rather than multiplied by its reciprocal (the CPU's order): near the
+  // dtype's largest values that reciprocal is subnormal, which XLA's CPU flushes to zero.
+  Value scale = b.select(real_wider, b.binary("add", c, b.binary("multiply", d, rat)),
+                         b.binary("add", d, b.binary("multiply", c, rat)));
   auto mul = [&](Value p, Value q) { return b.binary("multiply", p, q); };
   Value re = b.select(real_wider, b.binary("add", a, mul(bi, rat)), b.binary("add", mul(a, rat), bi));
   Value im = b.select(real_wider, b.binary("subtract", bi, mul(a, rat)), b.binary("subtract", mul(bi, rat), a));
-  re = mul(re, scl);
-  im = mul(im, scl);
+  re = b.binary("divide", re, scale);
+  im = b.binary("divide", im, scale);
   Value both_zero = b.binary("and", b.compare(abs_c, zero, "EQ"), b.compare(abs_d, zero, "EQ"));
   re = b.select(both_zero, b.binary("divide", a, abs_c), re);
   im = b.select(both_zero, b.binary("divide", bi, abs_d), im);
