@@ -1,6 +1,7 @@
 #include "lowering/ops.h"
 
 #include <cmath>
+#include <limits>
 #include <functional>
 #include <map>
 #include <numeric>
@@ -167,15 +168,20 @@ Value complex_divide(Builder& b, Value x, Value y) {
   Value abs_c = b.unary("abs", c), abs_d = b.unary("abs", d), zero = b.scalar_like(c, 0);
   Value real_wider = b.compare(abs_c, abs_d, "GE");  // false for a NaN part, as on CPU
   Value rat = b.select(real_wider, b.binary("divide", d, c), b.binary("divide", c, d));
-  // Divided by the scale rather than multiplied by its reciprocal (the CPU's order): near the
-  // dtype's largest values that reciprocal is subnormal, which XLA's CPU flushes to zero.
   Value scale = b.select(real_wider, b.binary("add", c, b.binary("multiply", d, rat)),
                          b.binary("add", d, b.binary("multiply", c, rat)));
   auto mul = [&](Value p, Value q) { return b.binary("multiply", p, q); };
   Value re = b.select(real_wider, b.binary("add", a, mul(bi, rat)), b.binary("add", mul(a, rat), bi));
   Value im = b.select(real_wider, b.binary("subtract", bi, mul(a, rat)), b.binary("subtract", mul(bi, rat), a));
-  re = b.binary("divide", re, scale);
-  im = b.binary("divide", im, scale);
+  // Multiplied by the scale's reciprocal, the CPU's rounding; but where that reciprocal is
+  // subnormal (a scale past 1 / the dtype's smallest normal), XLA's CPU flushes it to zero:
+  // there divided by the scale.
+  const double inverse_tiny = b.dtype(c) == DType::F64 ? 1.0 / std::numeric_limits<double>::min()
+                                                      : 1.0 / static_cast<double>(std::numeric_limits<float>::min());
+  Value huge = b.compare(b.unary("abs", scale), b.scalar_like(scale, inverse_tiny), "GE");
+  Value scl = b.binary("divide", b.scalar_like(c, 1), scale);
+  re = b.select(huge, b.binary("divide", re, scale), mul(re, scl));
+  im = b.select(huge, b.binary("divide", im, scale), mul(im, scl));
   Value both_zero = b.binary("and", b.compare(abs_c, zero, "EQ"), b.compare(abs_d, zero, "EQ"));
   re = b.select(both_zero, b.binary("divide", a, abs_c), re);
   im = b.select(both_zero, b.binary("divide", bi, abs_d), im);

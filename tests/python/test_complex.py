@@ -349,6 +349,20 @@ def test_sigmoid_at_infinities_and_overflow_as_on_cpu(dev: torch.device, dtype: 
 
 
 @pytest.mark.parametrize("dtype", CDTYPES)
+def test_division_near_the_dtype_limits(dev: torch.device, dtype: torch.dtype) -> None:
+    # Smith's scale here is past 1 / the smallest normal: its reciprocal is subnormal, which
+    # XLA's CPU flushes to zero (the quotient came out 0 instead of 1).
+    info = torch.finfo(dtype)
+    nom = torch.tensor([complex(info.min / 2, info.min / 2), complex(info.max / 2, info.max / 2),
+                        complex(info.tiny, info.tiny), complex(info.tiny, 0.0)], dtype=dtype)
+    den = torch.tensor([complex(info.min / 2, info.min / 2), complex(info.max / 2, info.max / 2),
+                        complex(info.tiny, info.tiny), complex(0.0, info.tiny)], dtype=dtype)
+    expected = torch.tensor([1, 1, 1, -1j], dtype=dtype)
+    torch.testing.assert_close(nom / den, expected)  # the CPU's own answer, within a few ulps
+    torch.testing.assert_close((nom.to(dev) / den.to(dev)).cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", CDTYPES)
 def test_division_reciprocal_and_rsqrt_at_special_values_as_on_cpu(dev: torch.device, dtype: torch.dtype) -> None:
     # torch's CPU (and numpy) divide by Smith's algorithm with no recovery of infinities:
     # 1 / (inf + inf i) is NaN there, and a / 0 is a.real / 0 + a.imag / 0 i; XLA's division

@@ -1,4 +1,4 @@
-"""Reductions, searches and nll_loss refuse what ATen refuses, with the same exception type and
+"""Reductions, searches, nll_loss and add/sub's alpha refuse what ATen refuses, with the same exception type and
 wording, and answer the edge cases ATen answers (empty dims, NaN, unsorted rows), judged
 against CPU PyTorch (fallback forbidden)."""
 from __future__ import annotations
@@ -99,6 +99,13 @@ _CASES: list[tuple[str, Fn, str | None]] = [
     ("nll-loss-weight-dtype", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 1], device=d),
                                                    weight=torch.ones(3, dtype=torch.double, device=d)),
      r"expected scalar type \w+ but found \w+"),
+    ("add-bool-alpha", lambda d: torch.add(torch.ones(2, dtype=torch.int8, device=d), 1, alpha=True), "Boolean alpha"),
+    ("add-float-alpha-ints", lambda d: torch.add(torch.ones(2, dtype=torch.int8, device=d), 1, alpha=1.5), "integral input"),
+    ("add-complex-alpha-real", lambda d: torch.add(torch.ones(2, device=d), torch.ones(2, device=d), alpha=1j),
+     "non-complex input"),
+    ("sub-bool-alpha", lambda d: torch.sub(torch.ones(2, dtype=torch.int8, device=d), 1, alpha=True), "Boolean alpha"),
+    ("add-bool-alpha-bools", lambda d: torch.add(torch.ones(2, dtype=torch.bool, device=d),
+                                                 torch.zeros(2, dtype=torch.bool, device=d), alpha=True), None),
     ("nll-loss-byte-target", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 2], dtype=torch.uint8, device=d)),
      None),
 ]
