@@ -7,6 +7,7 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <numeric>
 #include <sstream>
 
@@ -151,6 +152,11 @@ at::Tensor& logical_not_inplace(at::Tensor& self) { return logical_not_out_k(sel
 // Binary: `compute` is the promoted dtype; comparisons produce bool.
 at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor& other, const at::Tensor* into,
                      bool comparison = false, bool true_div = false) {
+  // Orderings of complex numbers are refused, in ATen's words.
+  for (const char* ordering : {"maximum", "minimum", "fmax", "fmin"}) {
+    TORCH_CHECK(std::strcmp(name, ordering) != 0 || (!self.is_complex() && !other.is_complex()), name,
+                " not implemented for complex tensors.");
+  }
   OpBuilder op(std::string("aten::") + name);
   at::ScalarType common = at::result_type(self, other);
   if (true_div) common = float_result(common);
@@ -175,6 +181,15 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
   if (into && into->is_same(self)) {
     TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", name, "_: output with shape ", self.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
+  }
+  // ATen multiplies and divides a half or bfloat16 tensor by a Python scalar in float (its
+  // opmath type): the scalar is not rounded to the tensor's dtype first (1e5 is no half).
+  const bool scalar_operand =
+      self.unsafeGetTensorImpl()->is_wrapped_number() || other.unsafeGetTensorImpl()->is_wrapped_number();
+  if (scalar_operand && (common == at::kHalf || common == at::kBFloat16) &&
+      (std::strcmp(name, "mul") == 0 || std::strcmp(name, "div") == 0)) {
+    Value r = L::binary(op.b(), name, x, y, ir::DType::F32, ir::DType::F32);
+    return finish(op, op.b().convert(r, to_ir(out)), out, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
   }
   Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
   return finish(op, r, out, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
@@ -421,12 +436,22 @@ at::Tensor& pow_tt_inplace(at::Tensor& s, const at::Tensor& e) {
   binary_op("pow", s, e, &s);
   return s;
 }
-at::Tensor pow_ts(const at::Tensor& s, const at::Scalar& e) { return binary_op("pow", s, scalar_tensor_like(e), nullptr); }
+// As ATen: an integer tensor to a negative integer scalar power is refused (its result is no integer).
+void check_integer_power(const at::Tensor& base, const at::Scalar& exponent) {
+  TORCH_CHECK(!(at::isIntegralType(base.scalar_type(), true) && exponent.isIntegral(true) && exponent.toLong() < 0),
+              "Integers to negative integer powers are not allowed.");
+}
+at::Tensor pow_ts(const at::Tensor& s, const at::Scalar& e) {
+  check_integer_power(s, e);
+  return binary_op("pow", s, scalar_tensor_like(e), nullptr);
+}
 at::Tensor& pow_ts_out(const at::Tensor& s, const at::Scalar& e, at::Tensor& out) {
+  check_integer_power(s, e);
   binary_op("pow", s, scalar_tensor_like(e), &out);
   return out;
 }
 at::Tensor& pow_ts_inplace(at::Tensor& s, const at::Scalar& e) {
+  check_integer_power(s, e);
   binary_op("pow", s, scalar_tensor_like(e), &s);
   return s;
 }

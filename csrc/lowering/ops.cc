@@ -163,6 +163,24 @@ Value ndtri(Builder& b, Value p) {
 // Complex division as torch's CPU (c10::complex) and numpy compute it: Smith's algorithm, scaled
 // by the larger part of the divisor, with no recovery of infinities (XLA's division returns C99's
 // limits, e.g. 1 / (inf + inf i) = 0 where the CPU gives NaN). A zero divisor gives a / 0 and b / 0.
+// A float's bits as the signed integer of its width, and back: the sign bit read and set
+// exactly, NaN's included (arithmetic on a NaN keeps no sign XLA promises).
+DType same_width_int(DType d) {
+  switch (d) {
+    case DType::F64: return DType::S64;
+    case DType::F32: return DType::S32;
+    default: return DType::S16;  // F16, BF16
+  }
+}
+Value float_bits(Builder& b, Value x) {
+  auto dims = b.dims(x);
+  return b.reshape(b.bitcast_flat(b.reshape(x, {b.type(x).numel()}), same_width_int(b.dtype(x))), dims);
+}
+Value from_bits(Builder& b, Value bits, DType d) {
+  auto dims = b.dims(bits);
+  return b.reshape(b.bitcast_flat(b.reshape(bits, {b.type(bits).numel()}), d), dims);
+}
+
 Value complex_divide(Builder& b, Value x, Value y) {
   Value a = b.real(x), bi = b.imag(x), c = b.real(y), d = b.imag(y);
   Value abs_c = b.unary("abs", c), abs_d = b.unary("abs", d), zero = b.scalar_like(c, 0);
@@ -302,11 +320,9 @@ const std::map<std::string, UnaryFn>& unary_table() {
     t["rad2deg"] = [](Builder& b, Value x) { return b.binary("multiply", x, b.scalar_like(x, 180.0 / M_PI)); };
     t["signbit"] = [](Builder& b, Value x) {
       if (!ir::is_floating(b.dtype(x))) return b.compare(x, b.scalar_like(x, 0), "LT");
-      // -0.0 has its sign bit set: 1 / -0.0 = -inf.
-      Value zero = b.scalar_like(x, 0);
-      Value neg_zero = b.binary("and", b.compare(x, zero, "EQ"),
-                                b.compare(b.binary("divide", b.scalar_like(x, 1), x), zero, "LT"));
-      return b.binary("or", b.compare(x, zero, "LT"), neg_zero);
+      // The sign bit itself: set for -0.0 and for a negative NaN, as std::signbit.
+      Value bits = float_bits(b, x);
+      return b.compare(bits, b.scalar_like(bits, 0), "LT");
     };
     t["special_ndtri"] = [](Builder& b, Value x) { return ndtri(b, x); };
     t["special_log_ndtr"] = [](Builder& b, Value x) { return log_ndtr(b, x); };
@@ -459,9 +475,14 @@ const std::map<std::string, BinaryFn>& binary_table() {
       return b.select(any_inf, inf, r);
     };
     t["copysign"] = [](Builder& b, Value x, Value y) {
-      Value ax = b.unary("abs", x);
-      Value neg = unary_table().at("signbit")(b, y);
-      return b.select(neg, b.unary("negate", ax), ax);
+      // x's magnitude bits with y's sign bit: NaNs give and take signs as std::copysign.
+      Value xb = float_bits(b, x), yb = float_bits(b, y);
+      const DType bits = b.dtype(xb);
+      const int64_t min = bits == DType::S64 ? std::numeric_limits<int64_t>::min()
+                          : bits == DType::S32 ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int16_t>::min();
+      Value sign_mask = b.constant_int(bits, min, b.dims(xb)), magnitude_mask = b.constant_int(bits, -(min + 1), b.dims(xb));
+      Value r = b.binary("or", b.binary("and", xb, magnitude_mask), b.binary("and", yb, sign_mask));
+      return from_bits(b, r, b.dtype(x));
     };
     t["nextafter"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.next_after", x, y); };
     t["special_zeta"] = [](Builder& b, Value x, Value y) { return hurwitz_zeta(b, x, y); };

@@ -1,4 +1,4 @@
-"""Reductions, searches, nll_loss and add/sub's alpha refuse what ATen refuses, with the same exception type and
+"""Reductions, searches, nll_loss, binary ops and add/sub's alpha refuse what ATen refuses, with the same exception type and
 wording, and answer the edge cases ATen answers (empty dims, NaN, unsorted rows), judged
 against CPU PyTorch (fallback forbidden)."""
 from __future__ import annotations
@@ -106,6 +106,21 @@ _CASES: list[tuple[str, Fn, str | None]] = [
     ("sub-bool-alpha", lambda d: torch.sub(torch.ones(2, dtype=torch.int8, device=d), 1, alpha=True), "Boolean alpha"),
     ("add-bool-alpha-bools", lambda d: torch.add(torch.ones(2, dtype=torch.bool, device=d),
                                                  torch.zeros(2, dtype=torch.bool, device=d), alpha=True), None),
+    ("maximum-complex", lambda d: torch.maximum(torch.ones(2, dtype=torch.complex64, device=d),
+                                                torch.ones(2, dtype=torch.complex64, device=d)), "not implemented for complex"),
+    ("fmin-complex", lambda d: torch.fmin(torch.ones(2, dtype=torch.complex64, device=d), torch.ones(2, device=d)),
+     "not implemented for complex"),
+    ("pow-int-negative-int", lambda d: torch.tensor([2, 3], device=d).pow(-2), "Integers to negative integer powers"),
+    ("pow-int-negative-float", lambda d: torch.tensor([2, 4], device=d).pow(-0.5), None),
+    # The sign bit itself, NaNs' included (arithmetic on a NaN keeps no sign XLA promises).
+    ("copysign-nan-broadcast", lambda d: torch.signbit(torch.copysign(
+        torch.tensor([float("nan")], device=d), torch.tensor([[-1.0, 2.0], [3.0, -4.0]], device=d))), None),
+    ("signbit-nan-and-zero", lambda d: torch.signbit(torch.tensor([-float("nan"), float("nan"), -0.0, 0.0], device=d)), None),
+    ("copysign-half-zero", lambda d: torch.signbit(torch.copysign(torch.tensor([0.0, 2.0], dtype=torch.half, device=d),
+                                                                  torch.tensor([-0.0, -1.0], dtype=torch.half, device=d))), None),
+    # A Python scalar multiplies or divides a half tensor in float: 1e5 is no half.
+    ("half-div-large-scalar", lambda d: torch.tensor([100.0, 3.0], dtype=torch.half, device=d).div(1e5), None),
+    ("bfloat16-mul-small-scalar", lambda d: torch.tensor([1e30, 3.0], dtype=torch.bfloat16, device=d) * 1e-40, None),
     ("nll-loss-byte-target", lambda d: F.nll_loss(torch.randn(2, 3).to(d), torch.tensor([0, 2], dtype=torch.uint8, device=d)),
      None),
 ]
