@@ -47,7 +47,7 @@ section "Python tests, strict eager"
 TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
 section "Python tests, fused eager"
 FUSED=""
-for t in ops ops_extra out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf; do
+for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
 # shellcheck disable=SC2086
