@@ -152,10 +152,12 @@ at::Tensor& logical_not_inplace(at::Tensor& self) { return logical_not_out_k(sel
 // Binary: `compute` is the promoted dtype; comparisons produce bool.
 at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor& other, const at::Tensor* into,
                      bool comparison = false, bool true_div = false) {
-  // Orderings of complex numbers are refused, in ATen's words.
-  for (const char* ordering : {"maximum", "minimum", "fmax", "fmin"}) {
-    TORCH_CHECK(std::strcmp(name, ordering) != 0 || (!self.is_complex() && !other.is_complex()), name,
-                " not implemented for complex tensors.");
+  // Orderings of complex numbers are refused, in ATen's words (names compared only for
+  // complex operands: this is every binary op's path).
+  if (self.is_complex() || other.is_complex()) {
+    for (const char* ordering : {"maximum", "minimum", "fmax", "fmin"}) {
+      TORCH_CHECK(std::strcmp(name, ordering) != 0, name, " not implemented for complex tensors.");
+    }
   }
   OpBuilder op(std::string("aten::") + name);
   at::ScalarType common = at::result_type(self, other);
