@@ -1,6 +1,7 @@
 #include "device/context.h"
 #include "device/device_name.h"
 #include "executor/trace.h"
+#include "lowering/views.h"
 
 #include <ATen/core/GeneratorForPrivateuseone.h>
 #include <c10/core/GeneratorImpl.h>
@@ -19,6 +20,7 @@ namespace torch_pjrt::device {
 
 using ir::DType;
 using ir::Value;
+namespace L = lowering;
 
 // ---------------------------------------------------------------- dtypes
 
@@ -545,106 +547,21 @@ OpBuilder::StorageSlot& OpBuilder::slot(executor::Storage* s, DType read_dtype, 
 }
 
 namespace {
-// A view that is the leading corner of a reshaped window of its storage: a
-// dense block, or a slice of one (split/narrow/chunk of a last dim, every
-// other row ...). window_dims are the window's dims in decreasing-stride
-// order; the view covers [0, corner) of them (plus size-1 and broadcast dims).
-struct StridedBox {
-  bool ok = false;
-  std::vector<int64_t> order;        // kept dims, by decreasing stride
-  std::vector<int64_t> kept;         // kept dims, in original order
-  std::vector<int64_t> window_dims;  // the window, reshaped
-  std::vector<int64_t> corner;       // the view's extent in window_dims
-  int64_t window = 1;                // elements of the window
-  int64_t pad = 0;                   // zeros appended to the storage so that the window always fits
-  bool dense() const { return window_dims == corner; }
-};
-
-StridedBox strided_box(c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  StridedBox box;
-  for (int64_t d = 0; d < static_cast<int64_t>(sizes.size()); ++d) {
-    if (sizes[d] != 1 && strides[d] != 0) box.kept.push_back(d);
-  }
-  box.order = box.kept;
-  std::stable_sort(box.order.begin(), box.order.end(),
-                   [&](int64_t a, int64_t b) { return strides[a] > strides[b]; });
-  size_t k = box.order.size();
-  if (k == 0) {
-    box.ok = true;
-    return box;
-  }
-  for (size_t j = 0; j + 1 < k; ++j) {
-    int64_t outer = strides[box.order[j]], inner = strides[box.order[j + 1]];
-    if (outer % inner != 0 || outer < sizes[box.order[j + 1]] * inner) return box;  // overlapping or interleaved
-  }
-  box.window_dims.push_back(sizes[box.order[0]]);
-  box.corner.push_back(sizes[box.order[0]]);
-  for (size_t j = 0; j + 1 < k; ++j) {
-    box.window_dims.push_back(strides[box.order[j]] / strides[box.order[j + 1]]);
-    box.corner.push_back(sizes[box.order[j + 1]]);
-  }
-  int64_t innermost = strides[box.order[k - 1]];
-  if (innermost != 1) {
-    box.window_dims.push_back(innermost);
-    box.corner.push_back(1);
-  }
-  box.window = sizes[box.order[0]] * strides[box.order[0]];
-  // The window may run past the storage's end (the last row's gap): offset +
-  // window <= offset + last element + outermost stride <= storage + that stride.
-  box.pad = box.dense() ? 0 : strides[box.order[0]];
-  box.ok = true;
-  return box;
-}
-
-// A captured graph knows its offsets: a non-dense window is then a static slice
-// of the storage seen as a grid [len / outer stride, window_dims[1:]...], with
-// no padded copy of the storage. Empty when the view does not fit the grid.
-struct GridWindow {
-  std::vector<int64_t> grid, start, limit;
-};
-std::optional<GridWindow> grid_window(const StridedBox& box, int64_t len, int64_t offset, int64_t outer_stride) {
-  if (box.window_dims.empty() || outer_stride <= 0 || len % outer_stride != 0) return std::nullopt;
-  GridWindow w;
-  w.grid = box.window_dims;
-  w.grid[0] = len / outer_stride;
-  w.start.assign(w.grid.size(), 0);
-  int64_t rest = offset;
-  for (size_t i = w.grid.size(); i-- > 1;) {
-    w.start[i] = rest % w.grid[i];
-    rest /= w.grid[i];
-  }
-  w.start[0] = rest;
-  for (size_t i = 0; i < w.grid.size(); ++i) {
-    w.limit.push_back(w.start[i] + box.corner[i]);
-    if (w.limit[i] > w.grid[i]) return std::nullopt;
-  }
-  return w;
-}
-
-int64_t position(const std::vector<int64_t>& v, int64_t x) {
-  return std::find(v.begin(), v.end(), x) - v.begin();
+L::ViewGeometry view_geometry(const at::Tensor& t) {
+  return {std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+          std::vector<int64_t>(t.strides().begin(), t.strides().end()), t.storage_offset()};
 }
 }  // namespace
+
+L::ViewOffsets OpBuilder::view_offsets(int64_t offset) {
+  return {[this, offset] { return offset_param(offset); }, capturing()};
+}
 
 Value OpBuilder::offset_param(int64_t offset) {
   // A runtime parameter, so views at different offsets share one program (a
   // captured graph, specialized to its inputs' layout, gets a constant: XLA
   // then turns the dynamic slice into a static one).
   return scalar_param(DType::S64, &offset);
-}
-
-Value OpBuilder::element_offsets(const at::Tensor& t) {
-  // offset + sum_d(i_d * stride_d), shaped [sizes..., 1] for gather/scatter.
-  std::vector<int64_t> sizes(t.sizes().begin(), t.sizes().end());
-  Value idx = builder_.broadcast_to(offset_param(t.storage_offset()), sizes);
-  for (int64_t d = 0; d < t.dim(); ++d) {
-    if (t.size(d) == 1 || t.stride(d) == 0) continue;
-    Value term = builder_.binary("multiply", builder_.iota(DType::S64, sizes, d),
-                                 builder_.constant_int(DType::S64, t.stride(d), sizes));
-    idx = builder_.binary("add", idx, term);
-  }
-  sizes.push_back(1);
-  return builder_.reshape(idx, sizes);
 }
 
 bool OpBuilder::reads(const at::Tensor& t) const {
@@ -699,32 +616,7 @@ Value OpBuilder::input_raw(const at::Tensor& t) {
   if (numel == 0) return builder_.constant(T, 0, sizes);
   int64_t offset = t.storage_offset();
   if (t.is_contiguous() && offset == 0 && numel == len) return builder_.reshape(flat, sizes);
-  StridedBox box = strided_box(t.sizes(), t.strides());
-  std::optional<GridWindow> grid;
-  if (box.ok && capturing() && !box.dense()) grid = grid_window(box, len, offset, t.stride(box.order[0]));
-  if (box.ok) {
-    Value block = flat;
-    if (grid) {
-      block = builder_.slice(builder_.reshape(flat, grid->grid), grid->start, grid->limit,
-                             std::vector<int64_t>(grid->grid.size(), 1));
-    } else if (!(offset == 0 && box.window == len)) {
-      if (box.pad > 0) flat = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});
-      block = builder_.dynamic_slice(flat, {offset_param(offset)}, {box.window});
-    }
-    std::vector<int64_t> sorted_sizes, perm;
-    for (int64_t d : box.order) sorted_sizes.push_back(t.size(d));
-    if (!box.dense() && !grid) {
-      block = builder_.reshape(block, box.window_dims);
-      block = builder_.slice(block, std::vector<int64_t>(box.corner.size(), 0), box.corner,
-                             std::vector<int64_t>(box.corner.size(), 1));
-    }
-    block = builder_.reshape(block, sorted_sizes);
-    for (int64_t d : box.kept) perm.push_back(position(box.order, d));
-    block = builder_.transpose(block, perm);
-    return builder_.broadcast_in_dim(block, sizes, box.kept);
-  }
-  // General strided view: gather the elements at its offsets.
-  return builder_.gather(flat, element_offsets(t), {}, {0}, {0}, t.dim(), {1}, sizes);
+  return L::read_view(builder_, flat, view_geometry(t), view_offsets(offset));
 }
 
 void OpBuilder::write(const at::Tensor& dst, Value v, bool allow_overlap) {
@@ -747,43 +639,7 @@ void OpBuilder::write(const at::Tensor& dst, Value v, bool allow_overlap) {
     s.flat = builder_.reshape(v, {len});
     return;
   }
-  StridedBox box = strided_box(dst.sizes(), dst.strides());
-  if (box.ok) {
-    // Drop broadcast (stride 0) and size-1 dims, then undo the permutation.
-    std::vector<int64_t> start(sizes.size(), 0), limit = sizes, step(sizes.size(), 1);
-    for (size_t d = 0; d < sizes.size(); ++d)
-      if (dst.stride(d) == 0) limit[d] = std::min<int64_t>(1, sizes[d]);
-    Value u = builder_.slice(v, start, limit, step);
-    std::vector<int64_t> kept_sizes, perm;
-    for (int64_t d : box.kept) kept_sizes.push_back(sizes[d]);
-    u = builder_.reshape(u, kept_sizes);
-    for (int64_t d : box.order) perm.push_back(position(box.kept, d));
-    u = builder_.transpose(u, perm);
-    if (box.dense()) {
-      s.flat = builder_.dynamic_update_slice(flat, builder_.reshape(u, {box.window}), {offset_param(offset)});
-      return;
-    }
-    if (capturing()) {
-      if (auto grid = grid_window(box, len, offset, dst.stride(box.order[0]))) {
-        std::vector<Value> at;
-        for (int64_t i : grid->start) at.push_back(builder_.constant_int(DType::S64, i));
-        Value g = builder_.dynamic_update_slice(builder_.reshape(flat, grid->grid), builder_.reshape(u, box.corner), at);
-        s.flat = builder_.reshape(g, {len});
-        return;
-      }
-    }
-    // Read the window around the view, write the corner, put the window back.
-    Value padded = builder_.pad(flat, builder_.constant(T, 0), {0}, {box.pad}, {0});
-    Value at = offset_param(offset);
-    Value win = builder_.reshape(builder_.dynamic_slice(padded, {at}, {box.window}), box.window_dims);
-    std::vector<Value> zeros(box.window_dims.size(), builder_.constant_int(DType::S64, 0));
-    win = builder_.dynamic_update_slice(win, builder_.reshape(u, box.corner), zeros);
-    padded = builder_.dynamic_update_slice(padded, builder_.reshape(win, {box.window}), {at});
-    s.flat = builder_.slice_dim(padded, 0, 0, len);
-    return;
-  }
-  std::vector<int64_t> inserted{0};
-  s.flat = builder_.scatter(flat, element_offsets(dst), v, {}, inserted, inserted, dst.dim(), "");
+  s.flat = L::write_view(builder_, flat, view_geometry(dst), v, view_offsets(offset));
 }
 
 namespace {

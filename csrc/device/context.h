@@ -15,6 +15,7 @@
 #include "executor/deferred.h"
 #include "executor/executor.h"
 #include "ir/builder.h"
+#include "lowering/views.h"
 
 namespace torch_pjrt::device {
 
@@ -187,7 +188,8 @@ class OpBuilder {
   ir::Value offset_param(int64_t offset);
   ir::Value scalar_param(ir::DType dtype, const void* bytes);
   ir::Value storage_flat(const at::Tensor& t, StorageSlot** slot_out);
-  ir::Value element_offsets(const at::Tensor& t);
+  // How views' offsets enter this op's program (lowering/views.h).
+  lowering::ViewOffsets view_offsets(int64_t offset);
   int device_for(const at::Tensor& t);
   // Debug mode: u8[] of kProducedNaN / kProducedInf bits for the op's results
   // (invalid when nothing floating is produced).

@@ -373,7 +373,7 @@ std::vector<Value> lu_slogdet(Builder& b, Value lu, Value pivots) {
     unit = b.complex(b.binary("divide", b.real(diag), safe), b.binary("divide", b.imag(diag), safe));
     unit = b.select(b.compare(mag, b.scalar_like(mag, 0), "EQ"), b.scalar_like(diag, 0), unit);
   } else {
-    unit = unary(b, "sign", diag, b.dtype(diag), b.dtype(diag));
+    unit = sign(b, diag);
   }
   Value sign = b.reduce_simple(unit, b.constant(b.dtype(diag), 1), {r - 1}, "multiply");
   sign = b.binary("multiply", sign, pivot_parity(b, pivots, b.dtype(diag)));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ir/builder.h"
+#include "lowering/pointwise.h"
 
 namespace torch_pjrt::lowering {
 
@@ -20,24 +21,6 @@ DType accumulate_type(DType d);
 // Smallest / largest value of a dtype (-inf / +inf for floats), as a splat of `dims`.
 Value lowest(Builder& b, DType d, const std::vector<int64_t>& dims = {});
 Value highest(Builder& b, DType d, const std::vector<int64_t>& dims = {});
-
-// True if `name` has an elementwise lowering below.
-bool has_unary(const std::string& name);
-bool has_binary(const std::string& name);
-// Unary math in `compute` dtype (input converted first); result in `out`.
-// |x|: unsigned and bool values are their own magnitude (stablehlo.abs takes signed types only).
-Value abs(Builder& b, Value x);
-Value unary(Builder& b, const std::string& name, Value x, DType compute, DType out);
-// Binary elementwise with broadcasting; inputs converted to `compute`.
-// Comparisons and logical ops produce Pred, converted to `out`.
-Value binary(Builder& b, const std::string& name, Value x, Value y, DType compute, DType out);
-// add/sub with alpha: x + alpha * y.
-Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract);
-Value where(Builder& b, Value cond, Value x, Value y, DType out);
-Value clamp(Builder& b, Value x, const Value* lo, const Value* hi, DType out);
-Value gelu(Builder& b, Value x, bool tanh_approx);
-Value gelu_backward(Builder& b, Value grad, Value x, bool tanh_approx);
-Value erf(Builder& b, Value x);
 
 // Reductions over `dims` (empty = all). Low-precision floats accumulate in f32.
 Value sum(Builder& b, Value x, std::vector<int64_t> dims, bool keepdim, DType out);

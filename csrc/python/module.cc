@@ -11,7 +11,7 @@
 #include "device/compiled.h"
 #include "device/context.h"
 #include "device/fallback.h"
-#include "device/user_kernels.h"
+#include "aten/user_kernels.h"
 #include "distributed/process_group.h"
 
 #include <unordered_map>

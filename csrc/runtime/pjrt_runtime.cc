@@ -21,48 +21,6 @@ T make_args(size_t struct_size) {
 
 }  // namespace
 
-size_t element_size_bytes(ElementType type) {
-  switch (type) {
-    case PJRT_Buffer_Type_PRED:
-    case PJRT_Buffer_Type_S8:
-    case PJRT_Buffer_Type_U8: return 1;
-    case PJRT_Buffer_Type_S16:
-    case PJRT_Buffer_Type_U16:
-    case PJRT_Buffer_Type_F16:
-    case PJRT_Buffer_Type_BF16: return 2;
-    case PJRT_Buffer_Type_S32:
-    case PJRT_Buffer_Type_U32:
-    case PJRT_Buffer_Type_F32: return 4;
-    case PJRT_Buffer_Type_S64:
-    case PJRT_Buffer_Type_U64:
-    case PJRT_Buffer_Type_F64:
-    case PJRT_Buffer_Type_C64: return 8;
-    case PJRT_Buffer_Type_C128: return 16;
-    default: throw PjrtError(ErrorCode::kInvalidArgument, "unsupported PJRT element type");
-  }
-}
-
-const char* element_type_name(ElementType type) {
-  switch (type) {
-    case PJRT_Buffer_Type_PRED: return "i1";
-    case PJRT_Buffer_Type_S8: return "i8";
-    case PJRT_Buffer_Type_S16: return "i16";
-    case PJRT_Buffer_Type_S32: return "i32";
-    case PJRT_Buffer_Type_S64: return "i64";
-    case PJRT_Buffer_Type_U8: return "ui8";
-    case PJRT_Buffer_Type_U16: return "ui16";
-    case PJRT_Buffer_Type_U32: return "ui32";
-    case PJRT_Buffer_Type_U64: return "ui64";
-    case PJRT_Buffer_Type_F16: return "f16";
-    case PJRT_Buffer_Type_BF16: return "bf16";
-    case PJRT_Buffer_Type_F32: return "f32";
-    case PJRT_Buffer_Type_F64: return "f64";
-    case PJRT_Buffer_Type_C64: return "complex<f32>";
-    case PJRT_Buffer_Type_C128: return "complex<f64>";
-    default: return "unknown";
-  }
-}
-
 // ---------------------------------------------------------------- Api
 
 std::shared_ptr<const Api> Api::load(const std::string& path) {

@@ -36,8 +36,6 @@ class PjrtError : public std::runtime_error {
 
 // Element types as the PJRT C API numbers them (not xla::PrimitiveType).
 using ElementType = PJRT_Buffer_Type;
-size_t element_size_bytes(ElementType type);
-const char* element_type_name(ElementType type);
 
 class Api;
 class Client;

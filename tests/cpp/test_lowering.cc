@@ -6,10 +6,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <algorithm>
+#include <string>
 #include <vector>
 
 #include "ir/builder.h"
+#include "lowering/linalg.h"
+#include "lowering/nn.h"
 #include "lowering/ops.h"
+#include "lowering/views.h"
 #include "runtime/pjrt_runtime.h"
 
 using namespace torch_pjrt;
@@ -75,4 +80,181 @@ TEST(Lowering, CopysignTakesTheSignBit) {
     EXPECT_TRUE(std::isnan(r[i]));
     EXPECT_EQ(std::signbit(r[i]), i != 1) << i;
   }
+}
+
+// ---------------------------------------------------------------- one test (at least) per family
+
+namespace {
+struct HostArray {
+  const void* data;
+  PJRT_Buffer_Type type;
+  std::vector<int64_t> dims;
+};
+
+// Runs a graph on host arrays; returns each output's bytes, read as Out.
+template <typename Out>
+std::vector<std::vector<Out>> run_graph(const ir::Graph& g, const std::vector<HostArray>& inputs,
+                                        const std::vector<size_t>& output_sizes) {
+  auto c = client();
+  auto exe = c->compile(g.to_mlir());
+  auto& dev = c->devices()[0];
+  std::vector<std::unique_ptr<runtime::Buffer>> buffers;
+  std::vector<PJRT_Buffer*> raw;
+  for (const auto& in : inputs) {
+    buffers.push_back(c->buffer_from_host(in.data, in.type, in.dims, dev));
+    raw.push_back(buffers.back()->raw());
+  }
+  auto outs = exe->execute(dev, raw);
+  std::vector<std::vector<Out>> r;
+  for (size_t i = 0; i < output_sizes.size(); ++i) {
+    r.emplace_back(output_sizes[i]);
+    outs[i]->to_host(r.back().data(), output_sizes[i] * sizeof(Out));
+  }
+  return r;
+}
+}  // namespace
+
+TEST(LoweringPointwise, EveryUnaryRowIsComplete) {
+  // The ATen layer registers whatever the table holds: a row without a rule, a repeated
+  // name or a row with no overload would register a broken or shadowed kernel.
+  std::vector<std::string> names;
+  for (const auto& op : lowering::unary_ops()) {
+    ASSERT_NE(op.name, nullptr);
+    EXPECT_NE(op.real, nullptr) << op.name;
+    EXPECT_NE(op.variants, 0) << op.name;
+    EXPECT_FALSE(op.refuses_complex && op.complex != nullptr) << op.name << ": a complex rule it never uses";
+    EXPECT_TRUE(std::find(names.begin(), names.end(), op.name) == names.end()) << op.name << " twice";
+    names.push_back(op.name);
+    EXPECT_EQ(&lowering::unary_op(op.name), &op);
+  }
+  EXPECT_GE(names.size(), 60u);
+  EXPECT_THROW(lowering::unary_op("no_such_op"), std::invalid_argument);
+}
+
+TEST(LoweringPointwise, IntegerRulesFollowTorch) {
+  // sgn of unsigned values is "non-zero"; floor is the identity; nothing integral is
+  // infinite; frac of an integer is 0.
+  ir::Graph g;
+  ir::Builder b(g);
+  auto u = g.param({DType::U8, {3}});
+  auto s = g.param({DType::S32, {3}});
+  g.set_outputs({lowering::unary(b, lowering::unary_op("sgn"), u, DType::U8, DType::S32),
+                 lowering::unary(b, lowering::unary_op("floor"), s, DType::S32, DType::S32),
+                 lowering::unary(b, lowering::unary_op("isinf"), s, DType::S32, DType::S32),
+                 lowering::unary(b, lowering::unary_op("frac"), s, DType::S32, DType::S32),
+                 lowering::unary(b, lowering::unary_op("sign"), s, DType::S32, DType::S32)});
+  const uint8_t us[] = {0, 3, 255};
+  const int32_t ss[] = {-7, 0, 9};
+  auto r = run_graph<int32_t>(g, {{us, PJRT_Buffer_Type_U8, {3}}, {ss, PJRT_Buffer_Type_S32, {3}}}, {3, 3, 3, 3, 3});
+  EXPECT_EQ(r[0], (std::vector<int32_t>{0, 1, 1}));
+  EXPECT_EQ(r[1], (std::vector<int32_t>{-7, 0, 9}));
+  EXPECT_EQ(r[2], (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(r[3], (std::vector<int32_t>{0, 0, 0}));
+  EXPECT_EQ(r[4], (std::vector<int32_t>{-1, 0, 1}));
+}
+
+TEST(LoweringPointwise, RefusedComplexInputsThrow) {
+  ir::Graph g;
+  ir::Builder b(g);
+  auto z = g.param({DType::C64, {2}});
+  EXPECT_THROW(lowering::unary(b, lowering::unary_op("floor"), z, DType::C64, DType::C64), std::invalid_argument);
+}
+
+TEST(LoweringViews, StridedBoxesOfCommonViews) {
+  // A transpose of [3, 4] is a dense block read in another order.
+  auto t = lowering::strided_box({4, 3}, {1, 4});
+  ASSERT_TRUE(t.ok);
+  EXPECT_TRUE(t.dense());
+  EXPECT_EQ(t.order, (std::vector<int64_t>{1, 0}));
+  // Every other column of [3, 4] (x[:, ::2]): a window of 3 rows of 4, its corner 3 x 2 of 3 x 2 x 2.
+  auto every_other = lowering::strided_box({3, 2}, {4, 2});
+  ASSERT_TRUE(every_other.ok);
+  EXPECT_FALSE(every_other.dense());
+  EXPECT_EQ(every_other.window_dims, (std::vector<int64_t>{3, 2, 2}));
+  EXPECT_EQ(every_other.corner, (std::vector<int64_t>{3, 2, 1}));
+  EXPECT_EQ(every_other.pad, 4);
+  // Overlapping windows (unfold / as_strided with stride 1 over rows of 3) are no box: gathered.
+  EXPECT_FALSE(lowering::strided_box({3, 3}, {1, 1}).ok);
+  // With a known offset the second column block [:, 1:3] of a [2, 4] storage is a static slice.
+  auto narrow = lowering::strided_box({2, 2}, {4, 1});
+  auto grid = lowering::grid_window(narrow, 8, 1, 4);
+  ASSERT_TRUE(grid.has_value());
+  EXPECT_EQ(grid->grid, (std::vector<int64_t>{2, 4}));
+  EXPECT_EQ(grid->start, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(grid->limit, (std::vector<int64_t>{2, 3}));
+}
+
+TEST(LoweringViews, ReadAndWriteThroughStridedViews) {
+  // A 12-element storage 0..11 seen as [3, 4]; the view x[:, ::2] at offset 1 (columns 1
+  // and 3), read with a runtime offset and with a static one, then written with -1s.
+  std::vector<float> storage(12);
+  for (int i = 0; i < 12; ++i) storage[i] = static_cast<float>(i);
+  const lowering::ViewGeometry view{{3, 2}, {4, 2}, 1};
+  for (bool static_offsets : {false, true}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto flat = g.param({DType::F32, {12}});
+    auto offset = g.param({DType::S64, {}});
+    lowering::ViewOffsets offsets{[&] { return offset; }, static_offsets};
+    ir::Value read = lowering::read_view(b, flat, view, offsets);
+    ir::Value written = lowering::write_view(b, flat, view, b.constant(DType::F32, -1.0, {3, 2}), offsets);
+    // Overlapping rows (sizes [3, 3], strides [1, 1]): gathered.
+    ir::Value windows = lowering::read_view(b, flat, {{3, 3}, {1, 1}, 2}, offsets);
+    g.set_outputs({read, written, windows});
+    const int64_t off = 1;
+    auto r = run_graph<float>(g, {{storage.data(), PJRT_Buffer_Type_F32, {12}}, {&off, PJRT_Buffer_Type_S64, {}}},
+                              {6, 12, 9});
+    EXPECT_EQ(r[0], (std::vector<float>{1, 3, 5, 7, 9, 11})) << static_offsets;
+    EXPECT_EQ(r[1], (std::vector<float>{0, -1, 2, -1, 4, -1, 6, -1, 8, -1, 10, -1})) << static_offsets;
+    // A gathered view always takes its offset from the runtime value (1 here).
+    EXPECT_EQ(r[2], (std::vector<float>{1, 2, 3, 2, 3, 4, 3, 4, 5})) << static_offsets;
+  }
+}
+
+TEST(LoweringSpecial, GcdIsNonNegative) {
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({DType::S64, {4}});
+  auto y = g.param({DType::S64, {4}});
+  g.set_outputs({lowering::gcd(b, x, y)});
+  const int64_t xs[] = {12, -4, 0, 7}, ys[] = {18, 6, 5, 0};
+  auto r = run_graph<int64_t>(g, {{xs, PJRT_Buffer_Type_S64, {4}}, {ys, PJRT_Buffer_Type_S64, {4}}}, {4});
+  EXPECT_EQ(r[0], (std::vector<int64_t>{6, 2, 5, 7}));
+}
+
+TEST(LoweringReductions, ArgMaxTakesTheFirstMaximumAndNaNWins) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({DType::F32, {2, 4}});
+  auto r = lowering::arg_reduce(b, x, 1, /*keepdim=*/false, /*is_max=*/true);
+  g.set_outputs({r[1], lowering::sum(b, x, {0}, false, DType::F32)});
+  const float xs[] = {1, 5, 5, 2, 3, nan, 9, nan};
+  auto idx = run_graph<int64_t>(g, {{xs, PJRT_Buffer_Type_F32, {2, 4}}}, {2, 4});
+  EXPECT_EQ(idx[0], (std::vector<int64_t>{1, 1}));
+}
+
+TEST(LoweringNn, StableSortKeepsTiesInOrderAndNaNLast) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({DType::F32, {5}});
+  auto r = lowering::sort_with_indices(b, x, 0, /*descending=*/false);
+  g.set_outputs({r[1]});
+  const float xs[] = {2, nan, 1, 2, 0};
+  auto idx = run_graph<int64_t>(g, {{xs, PJRT_Buffer_Type_F32, {5}}}, {5});
+  EXPECT_EQ(idx[0], (std::vector<int64_t>{4, 2, 0, 3, 1}));
+}
+
+TEST(LoweringLinalg, LuDeterminantWithPivoting) {
+  // [[0, 2], [1, 3]] needs a row swap: det = -2.
+  ir::Graph g;
+  ir::Builder b(g);
+  auto a = g.param({DType::F64, {2, 2}});
+  auto lu = lowering::lu_factor(b, a);
+  g.set_outputs({lowering::lu_det(b, lu[0], lu[1]), lowering::tril(b, a, 0)});
+  const double as[] = {0, 2, 1, 3};
+  auto r = run_graph<double>(g, {{as, PJRT_Buffer_Type_F64, {2, 2}}}, {1, 4});
+  EXPECT_NEAR(r[0][0], -2.0, 1e-12);
+  EXPECT_EQ(r[1], (std::vector<double>{0, 0, 1, 3}));
 }

@@ -1,4 +1,4 @@
-#include "device/user_kernels.h"
+#include "aten/user_kernels.h"
 
 #include "device/context.h"
 #include "device/device_name.h"

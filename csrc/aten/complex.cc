@@ -9,7 +9,7 @@
 #include <torch/library.h>
 
 #include "device/context.h"
-#include "device/kernel_util.h"
+#include "aten/kernel_util.h"
 #include "lowering/ops.h"
 
 namespace torch_pjrt::device {

@@ -207,8 +207,9 @@ void lerp_list_(at::TensorList self, at::TensorList end, at::TensorList w) {
 
 #define FOREACH_UNARY(NAME)                                                                                \
   Step NAME##_step() {                                                                                     \
+    static const lowering::UnaryOp& row = lowering::unary_op(#NAME);                                      \
     return [](ir::Builder& b, const std::vector<Value>& xs, Value) {                                       \
-      return lowering::unary(b, #NAME, xs[0], b.dtype(xs[0]), b.dtype(xs[0]));                             \
+      return lowering::unary(b, row, xs[0], b.dtype(xs[0]), b.dtype(xs[0]));                               \
     };                                                                                                     \
   }                                                                                                        \
   std::vector<at::Tensor> NAME##_fn(at::TensorList self) {                                                 \

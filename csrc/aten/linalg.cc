@@ -10,7 +10,7 @@
 
 #include "device/context.h"
 #include "device/fallback.h"
-#include "device/kernel_util.h"
+#include "aten/kernel_util.h"
 #include "lowering/linalg.h"
 
 namespace torch_pjrt::device {

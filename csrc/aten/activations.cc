@@ -8,7 +8,7 @@
 #include <functional>
 
 #include "device/context.h"
-#include "device/kernel_util.h"
+#include "aten/kernel_util.h"
 #include "lowering/ops.h"
 
 namespace torch_pjrt::device {
@@ -190,7 +190,7 @@ SIMPLE_BACKWARD(hardswish_backward, {
 SIMPLE_BACKWARD(mish_backward, {
   Value g = p.in[0], x = p.in[1];
   Value sig = p.b.unary("logistic", x);
-  Value tsp = p.b.unary("tanh", L::unary(p.b, "softplus", x, p.b.dtype(x), p.b.dtype(x)));
+  Value tsp = p.b.unary("tanh", L::softplus(p.b, x));
   Value d = p.bin("add", tsp, p.bin("multiply", p.bin("multiply", x, sig), p.bin("subtract", p.c(1), p.bin("multiply", tsp, tsp))));
   return p.bin("multiply", g, d);
 })
@@ -313,6 +313,123 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("glu_backward", glu_backward_fn);
   m.impl("_prelu_kernel", prelu_fn);
   m.impl("_prelu_kernel_backward", prelu_backward_fn);
+}
+
+}  // namespace torch_pjrt::device
+// Activation and activation-gradient kernels with their own overloads (threshold_backward, gelu, silu/sigmoid/tanh backward).
+#include <ATen/ExpandUtils.h>
+#include <ATen/WrapDimUtils.h>
+#include <ATen/native/ReduceOpsUtils.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TypeProperties.h>
+#include <cstring>
+#include <numeric>
+#include <sstream>
+#include <torch/library.h>
+
+#include "aten/kernel_util.h"
+#include "device/context.h"
+#include "device/device_name.h"
+#include "lowering/ops.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Builder;
+using ir::DType;
+using ir::Value;
+using at::Tensor;
+namespace L = lowering;
+
+
+at::Tensor threshold_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
+  OpBuilder op("aten::threshold_backward");
+  auto& b = op.b();
+  Value g = op.input(grad), x = b.convert(op.input(self), to_ir(grad.scalar_type()));
+  auto shape = ir::broadcast_shapes(b.dims(g), b.dims(x));
+  g = b.broadcast_to(g, shape);
+  x = b.broadcast_to(x, shape);
+  Value t = b.broadcast_to(op.scalar(threshold, grad.scalar_type()), shape);
+  Value r = b.select(b.compare(x, t, "LE"), b.scalar_like(g, 0), g);
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
+}
+
+// "none" or "tanh", as ATen accepts them.
+bool gelu_uses_tanh(c10::string_view approximate) {
+  TORCH_CHECK(approximate == "none" || approximate == "tanh",
+              "gelu: approximate argument must be either none or tanh, got '", approximate, "'");
+  return approximate == "tanh";
+}
+
+at::Tensor gelu_fn(const at::Tensor& self, c10::string_view approximate) {
+  bool tanh = gelu_uses_tanh(approximate);
+  OpBuilder op("aten::gelu");
+  Value r = L::gelu(op.b(), op.input(self), tanh);  // read first: the layout follows the input
+  return finish(op, r, self.scalar_type(), nullptr, op.pointwise_layout(self.dim()));
+}
+at::Tensor& gelu_inplace(at::Tensor& self, c10::string_view approximate) {
+  bool tanh = gelu_uses_tanh(approximate);
+  OpBuilder op("aten::gelu_");
+  finish(op, L::gelu(op.b(), op.input(self), tanh), self.scalar_type(), &self);
+  return self;
+}
+at::Tensor gelu_backward_fn(const at::Tensor& grad, const at::Tensor& self, c10::string_view approximate) {
+  bool tanh = gelu_uses_tanh(approximate);
+  OpBuilder op("aten::gelu_backward");
+  Value g = op.input(grad), x = op.input(self);
+  Value r = L::gelu_backward(op.b(), g, x, tanh);
+  return finish(op, r, self.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
+}
+
+// The (grad, value) pair of a pointwise backward, broadcast together as TensorIterator
+// broadcasts them (vmap's batched gradients give grad a leading batch dim).
+std::pair<Value, Value> broadcast_pair(ir::Builder& b, Value g, Value y) {
+  const std::vector<int64_t> shape = ir::broadcast_shapes(b.dims(g), b.dims(y));
+  return {b.broadcast_to(g, shape), b.broadcast_to(y, shape)};
+}
+
+at::Tensor silu_backward_fn(const at::Tensor& grad, const at::Tensor& self) {
+  OpBuilder op("aten::silu_backward");
+  auto& b = op.b();
+  Value grad_in = op.input(grad), self_in = op.input(self);
+  auto [g, x] = broadcast_pair(b, grad_in, self_in);
+  Value s = b.unary("logistic", x);
+  Value d = b.binary("multiply", s, b.binary("add", b.scalar_like(x, 1), b.binary("multiply", x, b.binary("subtract", b.scalar_like(s, 1), s))));
+  return finish(op, b.binary("multiply", g, d), grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
+}
+
+at::Tensor sigmoid_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
+  OpBuilder op("aten::sigmoid_backward");
+  auto& b = op.b();
+  Value grad_in = op.input(grad), out_in = op.input(out);
+  auto [g, y] = broadcast_pair(b, grad_in, out_in);
+  // Complex inputs: PyTorch's convention multiplies by the conjugate derivative.
+  Value r = b.binary("multiply", g, b.conj(b.binary("multiply", y, b.binary("subtract", b.scalar_like(y, 1), y))));
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
+}
+
+at::Tensor tanh_backward_fn(const at::Tensor& grad, const at::Tensor& out) {
+  OpBuilder op("aten::tanh_backward");
+  auto& b = op.b();
+  Value grad_in = op.input(grad), out_in = op.input(out);
+  auto [g, y] = broadcast_pair(b, grad_in, out_in);
+  Value r = b.binary("multiply", g, b.conj(b.binary("subtract", b.scalar_like(y, 1), b.binary("multiply", y, y))));
+  return finish(op, r, grad.scalar_type(), nullptr, op.pointwise_layout(grad.dim()));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("threshold_backward", threshold_backward_fn);
+  m.impl("gelu", gelu_fn);
+  m.impl("gelu.out", [](const at::Tensor& s, c10::string_view a, at::Tensor& out) -> at::Tensor& {
+    return write_out("gelu", gelu_fn(s, a), out);
+  });
+  m.impl("gelu_", gelu_inplace);
+  m.impl("gelu_backward", gelu_backward_fn);
+  m.impl("silu_backward", silu_backward_fn);
+  m.impl("sigmoid_backward", sigmoid_backward_fn);
+  m.impl("tanh_backward", tanh_backward_fn);
 }
 
 }  // namespace torch_pjrt::device

@@ -8,7 +8,7 @@
 
 #include "device/context.h"
 #include "device/fallback.h"
-#include "device/kernel_util.h"
+#include "aten/kernel_util.h"
 #include "lowering/nn.h"
 #include "lowering/ops.h"
 
@@ -51,7 +51,7 @@ POLYNOMIAL_KERNELS(legendre_p, "legendre_p")
 Tensor unary_alias(const char* name, const char* lowering, const Tensor& self) {
   OpBuilder op(std::string("aten::") + name);
   at::ScalarType out = float_result(self.scalar_type());
-  Value r = L::unary(op.b(), lowering, op.input(self), L::accumulate_type(to_ir(out)), to_ir(out));
+  Value r = L::unary(op.b(), L::unary_op(lowering), op.input(self), L::accumulate_type(to_ir(out)), to_ir(out));
   return finish(op, r, out, nullptr);
 }
 Tensor modified_bessel_i0(const Tensor& s) { return unary_alias("special_modified_bessel_i0", "i0", s); }

@@ -1,0 +1,129 @@
+// Transformer fast paths: packed attention, native multi-head attention, the encoder layer, masked
+// softmax.
+#include <ATen/WrapDimUtils.h>
+#include <cmath>
+#include <torch/library.h>
+
+#include "aten/kernel_util.h"
+#include "aten/nn_util.h"
+#include "device/context.h"
+#include "device/device_name.h"
+#include "lowering/nn.h"
+#include "lowering/ops.h"
+
+namespace torch_pjrt::device {
+namespace {
+
+using ir::Builder;
+using ir::DType;
+using ir::Value;
+using at::Tensor;
+namespace L = lowering;
+
+Tensor masked_fill_for(const Tensor& self, const Tensor& mask, std::optional<int64_t> mask_type, int64_t dim) {
+  Tensor m = mask;
+  if (mask_type && *mask_type == 1 && self.dim() == 4 && m.dim() == 2) m = m.view({m.size(0), 1, 1, m.size(1)});
+  TORCH_CHECK(m.scalar_type() == at::kBool, "Mask should be a boolean tensor");
+  (void)dim;
+  return m.expand(self.sizes());
+}
+Tensor masked_softmax(const Tensor& self, const Tensor& mask, std::optional<int64_t> dim, std::optional<int64_t> mask_type) {
+  int64_t d = at::maybe_wrap_dim(dim.value_or(-1), self.dim());
+  Tensor m = masked_fill_for(self, mask, mask_type, d);
+  // Masked positions are -inf, so they get 0; a fully masked row is NaN, as on CPU.
+  return at::softmax(self.masked_fill(m, -std::numeric_limits<double>::infinity()), d);
+}
+Tensor masked_softmax_backward(const Tensor& grad, const Tensor& output, const Tensor& mask, std::optional<int64_t> dim) {
+  int64_t d = at::maybe_wrap_dim(dim.value_or(-1), output.dim());
+  Tensor m = mask.expand(output.sizes());
+  Tensor g = grad.masked_fill(m, 0);
+  return (output * (g - (g * output).sum(d, /*keepdim=*/true))).masked_fill(m, 0);
+}
+
+
+// Attention of [B, T, E] inputs with packed projections, as the fused CPU
+// kernels compute it; mask (bool: true is masked out, else additive) of
+// mask_type 0 [T, S], 1 [B, S] (key padding) or 2 (broadcastable to [B, H, T, S]).
+std::pair<Tensor, Tensor> packed_attention(const Tensor& query, const Tensor& key, const Tensor& value, int64_t heads,
+                                           const Tensor& qkv_weight, const Tensor& qkv_bias, const Tensor& proj_weight,
+                                           const Tensor& proj_bias, const std::optional<Tensor>& mask,
+                                           std::optional<int64_t> mask_type) {
+  TORCH_CHECK(query.dim() == 3, "attention fast path: expected [B, T, E] inputs, got ", query.sizes());
+  int64_t b = query.size(0), t = query.size(1), e = query.size(2), s = key.size(1);
+  TORCH_CHECK(e % heads == 0, "attention fast path: embed_dim must be divisible by num_heads");
+  int64_t d = e / heads;
+  auto w = qkv_weight.chunk(3, 0);
+  auto bias = qkv_bias.chunk(3, 0);
+  auto heads_of = [&](const Tensor& x, int64_t len) { return x.view({b, len, heads, d}).transpose(1, 2); };
+  Tensor q = heads_of(at::linear(query, w[0], bias[0]), t);
+  Tensor k = heads_of(at::linear(key, w[1], bias[1]), s);
+  Tensor v = heads_of(at::linear(value, w[2], bias[2]), s);
+  Tensor scores = at::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(d));
+  if (mask && mask->defined()) {
+    Tensor m = *mask;
+    if (mask_type && *mask_type == 1) m = m.view({b, 1, 1, s});
+    if (m.scalar_type() == at::kBool) {
+      scores = scores.masked_fill(m, -std::numeric_limits<double>::infinity());
+    } else {
+      scores = scores + m.to(scores.scalar_type());
+    }
+  }
+  Tensor weights = at::softmax(scores, -1);
+  Tensor out = at::matmul(weights, v).transpose(1, 2).reshape({b, t, e});
+  return {at::linear(out, proj_weight, proj_bias), weights};
+}
+
+std::tuple<Tensor, Tensor> native_mha(const Tensor& query, const Tensor& key, const Tensor& value, int64_t embed_dim,
+                                      int64_t num_heads, const Tensor& qkv_weight, const Tensor& qkv_bias,
+                                      const Tensor& proj_weight, const Tensor& proj_bias, const std::optional<Tensor>& mask,
+                                      bool need_weights, bool average_attn_weights, std::optional<int64_t> mask_type) {
+  TORCH_CHECK(query.size(-1) == embed_dim, "_native_multi_head_attention: query's last dim must be embed_dim");
+  auto [out, weights] = packed_attention(query, key, value, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                                         mask, mask_type);
+  if (!need_weights) return {out, at::empty({0}, query.options())};
+  return {out, average_attn_weights ? weights.mean(1) : weights};
+}
+
+Tensor transformer_encoder_layer(const Tensor& src, int64_t embed_dim, int64_t num_heads, const Tensor& qkv_weight,
+                                 const Tensor& qkv_bias, const Tensor& proj_weight, const Tensor& proj_bias,
+                                 bool use_gelu, bool norm_first, double eps, const Tensor& norm_weight_1,
+                                 const Tensor& norm_bias_1, const Tensor& norm_weight_2, const Tensor& norm_bias_2,
+                                 const Tensor& ffn_weight_1, const Tensor& ffn_bias_1, const Tensor& ffn_weight_2,
+                                 const Tensor& ffn_bias_2, const std::optional<Tensor>& mask,
+                                 std::optional<int64_t> mask_type) {
+  TORCH_CHECK(!src.is_nested(), "_transformer_encoder_layer_fwd: nested tensors are not supported on ", device_name());
+  std::vector<int64_t> shape{embed_dim};
+  auto norm = [&](const Tensor& x, const Tensor& w, const Tensor& b) { return at::layer_norm(x, shape, w, b, eps); };
+  auto attend = [&](const Tensor& x) {
+    return packed_attention(x, x, x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type).first;
+  };
+  auto ffn = [&](const Tensor& x) {
+    Tensor h = at::linear(x, ffn_weight_1, ffn_bias_1);
+    h = use_gelu ? at::gelu(h) : at::relu(h);
+    return at::linear(h, ffn_weight_2, ffn_bias_2);
+  };
+  Tensor x = src;
+  if (norm_first) {
+    x = x + attend(norm(x, norm_weight_1, norm_bias_1));
+    return x + ffn(norm(x, norm_weight_2, norm_bias_2));
+  }
+  x = norm(x + attend(x), norm_weight_1, norm_bias_1);
+  return norm(x + ffn(x), norm_weight_2, norm_bias_2);
+}
+
+// There are no nested tensors on pjrt: answering "not left aligned" makes
+// nn.TransformerEncoder keep padded batches dense (masked attention through the
+// kernels above) instead of converting them to nested tensors, which would fail.
+bool nested_mask_left_aligned(const Tensor&, const Tensor&) { return false; }
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_native_multi_head_attention", native_mha);
+  m.impl("_transformer_encoder_layer_fwd", transformer_encoder_layer);
+  m.impl("_nested_tensor_from_mask_left_aligned", nested_mask_left_aligned);
+  m.impl("_masked_softmax", masked_softmax);
+  m.impl("_masked_softmax_backward", masked_softmax_backward);
+}
+
+}  // namespace torch_pjrt::device
