@@ -22,22 +22,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
 
-def _timed(fn, sync, iters: int) -> float:
-    fn()
-    sync()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(iters):
-            fn()
-        sync()
-        best = min(best, (time.perf_counter() - start) / iters)
-    return best
+def _timed(fn, device: str, iters: int) -> float:
+    """Seconds per call: the best of 3 loops of `iters` calls, after one call."""
+    from torch_pjrt.bench import time_loop
+
+    return min(time_loop(fn, device, iters, warmup=1, repeats=3)[1])
 
 
 def worker_bandwidth(out: str, iters: int) -> None:
@@ -56,9 +49,9 @@ def worker_bandwidth(out: str, iters: int) -> None:
         n_iters = max(3, min(iters, (32 << 20) // size))
         cpu = torch.ones(n)
         pj = torch.ones(n, device=dev)
-        t_cpu = _timed(lambda: dist.all_reduce(cpu), lambda: None, n_iters)
-        t_pjrt = _timed(lambda: dist.all_reduce(pj), torch.pjrt.synchronize, n_iters)
-        t_raw = _timed(lambda: dist.all_reduce(pj, group=unchecked), torch.pjrt.synchronize, n_iters)
+        t_cpu = _timed(lambda: dist.all_reduce(cpu), "cpu", n_iters)
+        t_pjrt = _timed(lambda: dist.all_reduce(pj), "pjrt", n_iters)
+        t_raw = _timed(lambda: dist.all_reduce(pj, group=unchecked), "pjrt", n_iters)
         rows.append({"bytes": size, "gloo_cpu": size / t_cpu, "pjrt": size / t_pjrt, "pjrt_nocheck": size / t_raw})
     if dist.get_rank() == 0:
         with open(out, "w") as f:
@@ -72,7 +65,7 @@ def worker_ddp(out: str, device: str, steps: int) -> None:
     import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
 
-    import torch_pjrt  # noqa: F401
+    from torch_pjrt.bench import time_loop
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     from models import TinyTransformer, synthetic_tokens
@@ -85,22 +78,13 @@ def worker_ddp(out: str, device: str, steps: int) -> None:
     model = DistributedDataParallel(TinyTransformer(vocab=vocab, dim=128, heads=4, layers=2, seq=seq).to(dev))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x, y = (t.to(dev) for t in synthetic_tokens(batch, seq, vocab, seed=rank))
-    sync = torch.pjrt.synchronize if device == "pjrt" else (lambda: None)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
         F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    sync()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        sync()
-        times.append(time.perf_counter() - start)
+    _, times = time_loop(step, device, 1, warmup=3, repeats=steps)
     ms = statistics.median(times) * 1e3
     if rank == 0:
         with open(out, "w") as f:

@@ -17,7 +17,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
@@ -26,22 +25,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from models import TinyTransformer, synthetic_tokens  # noqa: E402
 
 import torch_pjrt  # noqa: E402
-
-
-def sync(device: str) -> None:
-    if device != "cpu":
-        torch_pjrt.synchronize()
+from torch_pjrt.bench import time_loop  # noqa: E402
 
 
 def per_call_us(fn, device: str, iters: int) -> float:
-    for _ in range(20):
-        fn()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync(device)
-    return (time.perf_counter() - start) / iters * 1e6
+    return time_loop(fn, device, iters, warmup=20)[1][0] * 1e6
 
 
 def recording_us(fn, iters: int) -> float:
@@ -50,17 +38,12 @@ def recording_us(fn, iters: int) -> float:
     torch_pjrt.set_fusion_policy(max_ops=iters + 100, detect_loops=False)
     try:
         with torch_pjrt.eager_mode("fused"):
-            for _ in range(20):
-                fn()
-            torch_pjrt.synchronize()
-            start = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            elapsed = time.perf_counter() - start
+            time_loop(fn, "pjrt", 20)  # warm-up, flushed
+            _, (elapsed,) = time_loop(fn, None, iters)  # recorded, not flushed
             torch_pjrt.synchronize()
     finally:
         torch_pjrt.set_fusion_policy(max_ops=int(policy["max_ops"]), detect_loops=bool(policy["detect_loops"]))
-    return elapsed / iters * 1e6
+    return elapsed * 1e6
 
 
 def op_overhead() -> None:
@@ -120,35 +103,26 @@ def train_step_time(device: str, steps: int = 10) -> float:
         F.cross_entropy(model(x).view(-1, 256), y.view(-1)).backward()
         opt.step()
 
-    for _ in range(3):
-        step()
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    sync(device)
-    return (time.perf_counter() - start) / steps * 1e3
+    return time_loop(step, device, steps, warmup=3)[1][0] * 1e3
 
 
 FIRST_STEP = """
-import json, os, sys, time
+import json, os, sys
 sys.path.insert(0, {examples!r})
-t0 = time.perf_counter()
 import torch, torch.nn.functional as F, torch_pjrt
+from torch_pjrt.bench import time_call
 from models import TinyTransformer, synthetic_tokens
 torch.manual_seed(0)
 model = TinyTransformer(vocab=256, dim=128, heads=4, layers=2, seq=64).to("pjrt")
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 x, y = (t.to("pjrt") for t in synthetic_tokens(8, 64, 256))
-t1 = time.perf_counter()
-opt.zero_grad()
-F.cross_entropy(model(x).view(-1, 256), y.view(-1)).backward()
-opt.step()
-torch_pjrt.synchronize()
-t2 = time.perf_counter()
+def step():
+    opt.zero_grad()
+    F.cross_entropy(model(x).view(-1, 256), y.view(-1)).backward()
+    opt.step()
+_, first = time_call(step, "pjrt")
 m = torch_pjrt.metrics()
-print(json.dumps({{"first_step_s": t2 - t1, "total_s": t2 - t0, "compiles": m["compiles"],
-                  "disk_hits": m["disk_cache_hits"]}}))
+print(json.dumps({{"first_step_s": first, "compiles": m["compiles"], "disk_hits": m["disk_cache_hits"]}}))
 """
 
 

@@ -20,7 +20,6 @@ import argparse
 import copy
 import os
 import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,6 +27,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 import torch_pjrt  # noqa: E402
+from torch_pjrt.bench import time_call, time_loop  # noqa: E402
 
 VOCAB = 256
 
@@ -54,18 +54,11 @@ def tokens_per_s(model: torch.nn.Module, device: str, new_tokens: int, repeats: 
 
     def run() -> torch.Tensor:
         with torch.no_grad():
-            out = model.generate(ids, attention_mask=mask, **kw)
-        if device != "cpu":
-            torch_pjrt.synchronize()
-        return out
+            return model.generate(ids, attention_mask=mask, **kw)
 
-    out = run()  # warm-up: compiles, cache fill
+    time_call(run, device)  # warm-up: compiles, cache fill
     compiles = torch_pjrt.metrics()["compiles"]
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = run()
-        times.append(time.perf_counter() - start)
+    out, times = time_loop(run, device, 1, repeats=repeats)
     return ids.shape[0] * new_tokens / statistics.median(times), torch_pjrt.metrics()["compiles"] - compiles, out
 
 

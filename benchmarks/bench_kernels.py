@@ -4,7 +4,7 @@ A compiled training step (forward and backward of a small transformer-like model
 RMSNorm and cross-entropy are the JAX operators of examples/jax_kernels.py, against the
 same step written with PyTorch's ops, both torch.compile(backend="pjrt"); then the JAX
 RMSNorm alone against PyTorch's, compiled, per call. Each timed loop ends in a real
-device sync (a host read of the result).
+device sync (torch_pjrt.bench.time_loop).
 
   .venv/bin/python benchmarks/bench_kernels.py [--iters 200]
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +21,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import jax_kernels  # noqa: E402
 
-import torch_pjrt  # noqa: E402
+from torch_pjrt.bench import time_loop  # noqa: E402
 
 
 def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -50,13 +49,7 @@ class Model(torch.nn.Module):
 
 
 def time_ms(fn, iters: int) -> float:
-    for _ in range(10):
-        fn().item()
-    start = time.perf_counter()
-    for _ in range(iters):
-        out = fn()
-    out.item()  # a host read: the device has finished every step
-    return (time.perf_counter() - start) / iters * 1e3
+    return time_loop(fn, "pjrt", iters, warmup=10)[1][0] * 1e3
 
 
 def main() -> None:

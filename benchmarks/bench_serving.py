@@ -23,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
@@ -39,9 +38,10 @@ def worker(model_dir: str) -> None:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    started = time.perf_counter()
-    llm = LLM(model=model_dir, disable_log_stats=False, **ENGINE)
-    start_up = time.perf_counter() - started
+    from torch_pjrt.bench import time_call
+
+    # Each call ends when its work has reached the host: nothing left to wait for (None).
+    llm, start_up = time_call(lambda: LLM(model=model_dir, disable_log_stats=False, **ENGINE), None)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(8, 129, (REQUESTS,), generator=g).tolist()
@@ -55,9 +55,7 @@ def worker(model_dir: str) -> None:
         compiles = torch_pjrt.metrics()["compiles"]
     rates, ttft_median, ttft_p90 = [], [], []
     for _ in range(REPEATS):
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params, use_tqdm=False)
-        elapsed = time.perf_counter() - t0
+        outs, elapsed = time_call(lambda: llm.generate(prompts, params, use_tqdm=False), None)
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
         firsts = sorted(o.metrics.first_token_latency for o in outs if o.metrics is not None)
         if firsts:

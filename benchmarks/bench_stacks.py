@@ -32,10 +32,11 @@ WARMUP, TIMED = 3, 10
 def trainer_steps_per_second(mode: str) -> float:
     """Runs in a fresh process per configuration (eager mode is read at import)."""
     code = f"""
-import os, sys, time, json
+import os, sys, json
 sys.path.insert(0, {TESTS!r})
 os.environ["TORCH_PJRT_EAGER_MODE"] = {("fused" if mode == "fused" else "strict")!r}
 import torch, transformers, torch_pjrt, hf_stack
+from torch_pjrt.bench import Laps
 cfg = transformers.LlamaConfig(vocab_size=2048, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
                                num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
 torch.manual_seed(0)
@@ -45,17 +46,15 @@ class Data(torch.utils.data.Dataset):
     def __getitem__(self, i):
         ids = torch.randint(0, 2048, (128,), generator=torch.Generator().manual_seed(i))
         return {{"input_ids": ids, "labels": ids}}
-stamps = []
+laps = Laps()
 class Clock(transformers.TrainerCallback):
     def on_step_end(self, args, state, control, **kw):
-        if args.device.type != "cpu":
-            torch.pjrt.synchronize()
-        stamps.append(time.perf_counter())
+        laps.lap(args.device.type)
 args = transformers.TrainingArguments(output_dir={tempfile.mkdtemp()!r}, per_device_train_batch_size=8,
     max_steps={WARMUP + TIMED}, learning_rate=1e-4, report_to=[], save_strategy="no", logging_steps=1000,
     disable_tqdm=True, use_cpu={mode == "cpu"}, bf16={mode == "bf16"}, dataloader_num_workers=0)
 transformers.Trainer(model=model, args=args, train_dataset=Data(), callbacks=[Clock()]).train()
-print(json.dumps({TIMED} / (stamps[-1] - stamps[{WARMUP - 1}])))
+print(json.dumps(laps.per_second({WARMUP})))
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
                          env=dict(os.environ, HF_HUB_OFFLINE="1"))

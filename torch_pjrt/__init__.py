@@ -50,7 +50,7 @@ from . import _dispatch_fixes, autocast  # noqa: E402
 _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy
 
-from . import compiler, distributed, shapes  # noqa: E402  (compiler imports _cache_artifacts, which registers its type)
+from . import compiler, distributed, shapes  # noqa: E402  (compiler imports _graph, which imports _cache_artifacts: it registers its type)
 from .recompiles import RecompileError, set_recompile_policy  # noqa: E402
 
 distributed.register()  # dist.init_process_group("pjrt")

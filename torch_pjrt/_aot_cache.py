@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch._inductor.output_code import OutputCode
 
-from .compiler import PjrtGraph, _frame_name
-from .recompiles import FunctionStats, stats_for
+from ._graph import PjrtGraph
+from .recompiles import FunctionStats, frame_name, stats_for
 
 # Functions Dynamo leaves in graphs that AOTAutograd's cache refuses by default, though
 # the graph (their arguments included) decides what they do: an autocast region, even a
@@ -67,7 +67,7 @@ class PjrtOutputCode(OutputCode):
 
         gm = GraphPickler.loads(self._serialized_gm, FakeTensorMode(shape_env=ShapeEnv()))
         gm.recompile()
-        stats = compiling.get() or stats_for(_frame_name(gm))
+        stats = compiling.get() or stats_for(frame_name(gm))
         self.graph = PjrtGraph(gm, self.kind, stats)
         self._serialized_gm = None
         self._boxed_call = True

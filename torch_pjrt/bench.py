@@ -101,8 +101,11 @@ def _is_pjrt(device: str) -> bool:
     return torch.device(device).type == torch_pjrt.DEVICE_NAME
 
 
-def sync(device: str) -> None:
-    """Waits until the device has finished everything enqueued (nothing to wait for on the CPU)."""
+def sync(device: str | None) -> None:
+    """Waits until the device has finished everything enqueued (nothing to wait for on the
+    CPU, or for None: work that is done when it returns, such as a host read)."""
+    if device is None:
+        return
     kind = torch.device(device).type
     if kind == torch_pjrt.DEVICE_NAME:
         torch_pjrt.synchronize()
@@ -112,13 +115,53 @@ def sync(device: str) -> None:
         raise ValueError(f"torch_pjrt.bench: no synchronize for device {device!r}")
 
 
-def time_call(fn: Callable[[], T], device: str) -> tuple[T, float]:
-    """Runs fn and waits for the device; its result and the seconds taken.
-    The single timer of this module and of benchmarks/bench_models.py."""
-    start = time.perf_counter()
+# The clock of every figure this module and benchmarks/ report.
+_clock = time.perf_counter
+
+
+def time_call(fn: Callable[[], T], device: str | None) -> tuple[T, float]:
+    """Runs fn and waits for the device (see sync); its result and the seconds taken."""
+    start = _clock()
     out = fn()
     sync(device)
-    return out, time.perf_counter() - start
+    return out, _clock() - start
+
+
+def time_loop(fn: Callable[[], T], device: str | None, iters: int, warmup: int = 0,
+              repeats: int = 1) -> tuple[T, list[float]]:
+    """The timing loop: `warmup` calls of fn and a sync, untimed; then, `repeats` times,
+    `iters` calls timed together up to a sync after the last. fn's last result and the
+    seconds per call of each repeat (iters=1: each call timed alone, ending in a sync)."""
+    if iters < 1 or repeats < 1 or warmup < 0:
+        raise ValueError(f"torch_pjrt.bench: need iters, repeats >= 1 and warmup >= 0, got {iters}, {repeats} "
+                         f"and {warmup}")
+    for _ in range(warmup):
+        fn()
+    sync(device)
+    seconds = []
+    for _ in range(repeats):
+        start = _clock()
+        for _ in range(iters):
+            out = fn()
+        sync(device)
+        seconds.append((_clock() - start) / iters)
+    return out, seconds
+
+
+class Laps:
+    """Lap times of a loop another library runs (a Trainer's steps): lap() at the end of
+    each iteration waits for the device and notes the time."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def lap(self, device: str | None) -> None:
+        sync(device)
+        self.stamps.append(_clock())
+
+    def per_second(self, skip: int) -> float:
+        """Iterations per second after the first `skip` (at least 1: the clock starts at a lap)."""
+        return (len(self.stamps) - skip) / (self.stamps[-1] - self.stamps[skip - 1])
 
 
 def percentiles_ms(seconds: Sequence[float]) -> tuple[float, float, float]:
@@ -185,7 +228,7 @@ def _measure(make_step: MakeStep, target: Target, warmup: int, iters: int,
         gc.collect()  # the warm-up's garbage is not the timed calls' to collect
         _reset_device_counters(device)
         graphs = _dynamo_graphs()
-        seconds = [time_call(step, device)[1] for _ in range(iters)]
+        _, seconds = time_loop(step, device, 1, repeats=iters)
         graphs = _dynamo_graphs() - graphs
     say(f"{target.name}: median {statistics.median(seconds) * 1e3:.1f} ms per step")
     programs, fallbacks = None, None

@@ -46,28 +46,29 @@ def _jax() -> Any:
     return jax
 
 
+# The dtypes a JAX kernel exchanges with torch, by their NumPy (and JAX) name.
+_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
+    "int32": torch.int32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16,
+    "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128}
+_DTYPE_NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in _DTYPES.items()}
+
+
 def _jax_dtype(dtype: torch.dtype) -> Any:
     import jax.numpy as jnp
 
-    table = {torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
-             torch.bfloat16: jnp.bfloat16, torch.int32: jnp.int32, torch.int64: jnp.int64, torch.int8: jnp.int8,
-             torch.uint8: jnp.uint8, torch.int16: jnp.int16, torch.bool: jnp.bool_,
-             torch.complex64: jnp.complex64, torch.complex128: jnp.complex128}
-    if dtype not in table:
+    if dtype not in _DTYPE_NAMES:
         raise TypeError(f"no JAX dtype for {dtype}")
-    return table[dtype]
+    return jnp.dtype(_DTYPE_NAMES[dtype])
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
     import numpy as np
 
     name = np.dtype(dtype).name
-    table = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "bfloat16": torch.bfloat16,
-             "int32": torch.int32, "int64": torch.int64, "int8": torch.int8, "uint8": torch.uint8,
-             "int16": torch.int16, "bool": torch.bool, "complex64": torch.complex64, "complex128": torch.complex128}
-    if name not in table:
+    if name not in _DTYPES:
         raise TypeError(f"no torch dtype for JAX's {name}")
-    return table[name]
+    return _DTYPES[name]
 
 
 def _x64(dtypes: Sequence[torch.dtype]) -> Any:

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 # The shapes of one call's inputs: a tensor's sizes, or (value,) for an int input.
 Signature = tuple[tuple[int, ...], ...]
 
@@ -127,3 +129,26 @@ def reset_compiled_stats() -> None:
 def stats_for(name: str) -> FunctionStats:
     with _stats_lock:
         return _stats.setdefault(name, FunctionStats(name))
+
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
+def frame_name(gm: torch.fx.GraphModule) -> str:
+    """The user's function a Dynamo graph came from: "forward (model.py:12)", or
+    "MyModel.forward" for a compiled module."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        code = InstructionTranslator.current_tx().f_code
+        if not code.co_filename.startswith(_TORCH_DIR):
+            return f"{code.co_name} ({os.path.basename(code.co_filename)}:{code.co_firstlineno})"
+    except Exception:  # noqa: BLE001 - called outside Dynamo's tracing
+        pass
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            _, module_type = next(iter(stack.values()))
+            name = getattr(module_type, "__name__", None) or str(module_type).rsplit(".", 1)[-1]
+            return f"{name}.forward"
+    return type(gm).__name__

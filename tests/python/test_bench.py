@@ -115,3 +115,28 @@ def test_cli_runs_a_model(tmp_path, capsys) -> None:
     assert "| pjrt strict |" in capsys.readouterr().out
     assert [r["target"]["name"] for r in json.loads(out.read_text())["results"]] == ["pjrt strict", "cpu eager"]
     assert (tmp_path / "mlp.md").read_text().count("\n| ") == 3
+
+
+def test_time_loop_warms_up_untimed_and_syncs_each_timed_loop(monkeypatch) -> None:
+    events: list[str] = []
+    monkeypatch.setattr(bench, "sync", lambda device: events.append(f"sync {device}"))
+    calls = iter(range(100))
+
+    def fn() -> int:
+        events.append("call")
+        return next(calls)
+
+    last, seconds = bench.time_loop(fn, PJRT, iters=3, warmup=2, repeats=2)
+    assert last == 7 and len(seconds) == 2 and all(s >= 0 for s in seconds)
+    assert events == ["call"] * 2 + [f"sync {PJRT}"] + (["call"] * 3 + [f"sync {PJRT}"]) * 2
+    with pytest.raises(ValueError):
+        bench.time_loop(fn, PJRT, iters=0)
+
+
+def test_laps_count_iterations_per_second(monkeypatch) -> None:
+    ticks = iter([10.0, 11.0, 11.5, 12.0])
+    monkeypatch.setattr(bench, "_clock", lambda: next(ticks))
+    laps = bench.Laps()
+    for _ in range(4):
+        laps.lap("cpu")
+    assert laps.per_second(1) == pytest.approx(3 / 2.0)  # 3 laps after the first, in 2 s

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .dynamo_watch import watch_dynamo
 from .findings import _PACKAGE_DIR, _TORCH_DIR, Finding, Findings, user_site
 
 
@@ -212,8 +213,7 @@ class Redirect:
         def compile(model: Any = None, **kwargs: Any) -> Any:  # noqa: A001
             if redirect.target == "cpu":  # the parity reference runs eagerly
                 return model if model is not None else (lambda fn: fn)
-            from . import observe
-            observe.watch_dynamo(redirect.findings)
+            watch_dynamo(redirect.findings)
             asked = kwargs.get("backend")
             if asked is None or asked == "inductor":
                 dropped = {k: kwargs.pop(k) for k in ("mode", "options") if kwargs.get(k) not in (None, "default")}

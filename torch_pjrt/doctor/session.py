@@ -15,7 +15,8 @@ import torch
 import torch_pjrt
 
 from .findings import _PACKAGE_DIR, Finding, Findings
-from .observe import DoctorMode, FallbackWatch, RunRecord, StepWatch, unwatch_dynamo
+from .dynamo_watch import unwatch_dynamo
+from .observe import DoctorMode, FallbackWatch, RunRecord, StepWatch
 from .redirect import Redirect
 from .source_scan import local_sources, scan_file
 

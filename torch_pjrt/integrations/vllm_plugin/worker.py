@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 import torch_pjrt
-from torch_pjrt import _C
+from torch_pjrt._capture import CompiledGraph, capture, layout_key
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.logger import init_logger
@@ -96,7 +96,7 @@ class PjrtModelRunner(CPUModelRunner):
         self.model.compute_logits = compute_logits
         self._step_logits: torch.Tensor | None = None
         self._weights = [t for t in (*self.model.parameters(), *self.model.buffers()) if t.device == self.target]
-        self._programs: dict[int, Any] = {}  # layout key -> replayable program, or why it is not
+        self._programs: dict[int, CompiledGraph | str] = {}  # layout key -> replayable program, or why it is not
 
     def _model_forward(self, input_ids: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                        intermediate_tensors: Any = None, inputs_embeds: torch.Tensor | None = None,
@@ -133,23 +133,17 @@ class PjrtModelRunner(CPUModelRunner):
         is recorded in fused mode at every step instead, still as one program."""
         inputs = [ids, pos, metadata.slot_mapping, metadata.block_rows, metadata.positions,
                   metadata.last_tokens, *self._kv_list]
-        key = _C._layout_key(inputs)
+        key = layout_key(inputs)
         program = self._programs.get(key)
-        if isinstance(program, _C._CompiledGraph):
+        if isinstance(program, CompiledGraph):
             out = program.run(inputs)
             if out is not None:
                 return out[0]
         if isinstance(program, str):
             with _one_program():
                 return self._record_step(ids, pos, metadata)
-        device = self.target.index or 0
-        _C._capture_begin(device)
-        try:
-            logits = self._record_step(ids, pos, metadata)
-        except BaseException:
-            _C._capture_abort(device)
-            raise
-        graph, why = _C._capture_end(device, inputs, [logits], self._weights)
+        logits, graph, why = capture(self.target.index or 0, lambda: self._record_step(ids, pos, metadata), inputs,
+                                     lambda logits: [logits], self._weights)
         self._programs[key] = graph if graph is not None else why
         if graph is None:
             _log.warning("vLLM on pjrt: a step of %d tokens is recorded op by op at every step (into one "

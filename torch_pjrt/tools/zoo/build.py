@@ -6,10 +6,9 @@ from typing import Any
 
 import torch
 
-from .catalog import Entry
+from .entry import Entry
 from .shrink import tiny_config
-
-WEIGHT_SEED = 0
+from .seeds import WEIGHT_SEED, redraw_constant_matrices
 
 
 def model_class(entry: Entry) -> type:
@@ -34,22 +33,6 @@ def build(entry: Entry, config: Any | None = None) -> tuple[torch.nn.Module, Any
     model = cls(config)
     redraw_constant_matrices(model, float(getattr(config, "initializer_range", 0.02) or 0.02))
     return model.float().eval(), config
-
-
-def redraw_constant_matrices(model: torch.nn.Module, std: float) -> list[str]:
-    """Re-draws every parameter of two or more dimensions whose elements are all equal, from
-    normal(0, std), seeded. Checkpoints never hold such matrices, but some initializers do (a
-    zero router makes every expert score tie, and topk may break ties in any order: AFMoE's
-    CPU picks experts 2 and 3 of four, another device 0 and 1; a zero projection hides the
-    path behind it from the gradients). Returns the names re-drawn."""
-    generator = torch.Generator().manual_seed(WEIGHT_SEED + 1)
-    names = []
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() >= 2 and p.numel() > 1 and p.is_floating_point() and bool((p == p.reshape(-1)[0]).all()):
-                p.copy_(torch.randn(p.shape, generator=generator, dtype=torch.float64).mul_(std).to(p.dtype))
-                names.append(name)
-    return names
 
 
 def parameter_count(model: torch.nn.Module) -> int:

@@ -8,7 +8,7 @@ mapping names for it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .entry import Entry
 
 # (head, mapping) in order of preference; the mapping is MODEL_<mapping>_MAPPING_NAMES. A masked LM
 # comes before a causal LM (BERT-like encoders have a causal head for use as decoders, which few run),
@@ -36,15 +36,6 @@ BASE = "base"
 # Heads whose models compute a loss from `labels` (and how the labels look: inputs.py).
 LOSS_HEADS = frozenset({"causal-lm", "masked-lm", "seq2seq-lm", "speech-seq2seq", "image-classification",
                         "audio-classification", "ctc", "sequence-classification", "token-classification"})
-
-
-@dataclass(frozen=True)
-class Entry:
-    model_type: str
-    config_class: str  # "" when CONFIG_MAPPING_NAMES has none
-    head: str  # a HEADS name, or BASE, or "other:<mapping>"
-    model_class: str  # the class run
-    base_class: str  # MODEL_MAPPING_NAMES' class, "" when none
 
 
 def _names(mapping: str) -> dict[str, str | tuple[str, ...]]:

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from .catalog import Entry
-from .shrink import name_rule
+from .entry import Entry
+from .name_rules import name_rule
+from .seeds import INPUT_SEED, WEIGHT_SEED, redraw_constant_matrices
 
 PREFIX = "diffusers/"
 HEAD = "diffusion"
@@ -242,8 +243,6 @@ def build(entry: Entry, config: dict[str, Any] | None = None) -> tuple[torch.nn.
     projections would hide every path behind them from the gradients)."""
     from diffusers.utils import logging as diffusers_logging
 
-    from .build import WEIGHT_SEED, redraw_constant_matrices
-
     diffusers_logging.set_verbosity_error()
     config = config if config is not None else tiny_config(entry.model_type)
     cls = model_class(entry.model_class)
@@ -337,11 +336,10 @@ def _sample(name: str, config: Any, params: dict[str, Any], gen: torch.Generator
 
 def make_inputs(model: torch.nn.Module, config: Any, model_type: str) -> dict[str, Any]:
     """Keyword arguments for model(**inputs), CPU float32, batch 2, seeded."""
-    from .inputs import SEED
 
     name = class_name(model_type)
     params = inspect.signature(model.forward).parameters
-    gen = torch.Generator().manual_seed(SEED)
+    gen = torch.Generator().manual_seed(INPUT_SEED)
     main = next(p for p in ("sample", "hidden_states", "x") if p in params)
     x: dict[str, Any] = {main: _sample(name, config, params, gen)}
     if "timestep" in params:

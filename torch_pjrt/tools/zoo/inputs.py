@@ -17,8 +17,8 @@ import torch
 
 from .catalog import LOSS_HEADS
 from .overrides import INPUT_OVERRIDES
+from .seeds import INPUT_SEED
 
-SEED = 1234
 DUAL_HEADS = frozenset({"base", "pretraining"})  # heads whose text models also get pixel_values
 
 
@@ -80,7 +80,7 @@ def vocab_size(config: Any) -> int:
 class Draw:
     """Seeded draws (one generator per architecture: the same inputs in every run)."""
 
-    def __init__(self, seed: int = SEED) -> None:
+    def __init__(self, seed: int = INPUT_SEED) -> None:
         self.gen = torch.Generator().manual_seed(seed)
 
     def ids(self, allowed: torch.Tensor, *shape: int) -> torch.Tensor:

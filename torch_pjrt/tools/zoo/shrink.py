@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import inspect
 import math
-import re
 from collections.abc import Callable
 from typing import Any
 
+from .name_rules import name_rule
 from .overrides import CONFIG_OVERRIDES
 
 WIDTH = 64  # hidden sizes
@@ -39,13 +39,6 @@ WINDOW = 2  # attention windows (Swin-like), in patches
 GROUPS = 4  # group norms' groups
 RANK = 32  # low-rank projections (MLA's kv/q LoRA ranks, time-step ranks)
 LIST_WIDTH = 64  # the largest entry of a per-stage width list after scaling
-
-
-def name_rule(pattern: str) -> Callable[[str], bool]:
-    """A predicate on field names: whether `pattern` matches somewhere in the name."""
-    rx = re.compile(pattern)
-    return lambda name: rx.search(name) is not None
-
 
 _is_dropout = name_rule(r"dropout|drop_path|layerdrop|drop_rate|attention_probs_dropout|_drop$")
 _is_kv_heads = name_rule(r"^(num_key_value_heads|num_kv_heads|n_head_kv|n_kv_heads|multi_query_group_num|"
