@@ -6,6 +6,7 @@
 #include <functional>
 
 #include "device/context.h"
+#include "device/recorder.h"
 #include "lowering/ops.h"
 
 namespace torch_pjrt::device {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "device/context.h"
+#include "device/recorder.h"
 
 namespace torch_pjrt::device {
 

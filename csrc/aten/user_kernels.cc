@@ -1,6 +1,7 @@
 #include "aten/user_kernels.h"
 
 #include "device/context.h"
+#include "device/recorder.h"
 #include "device/device_name.h"
 #include "ir/functions.h"
 

@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include "device/context.h"
+#include "device/recorder.h"
 #include "device/device_name.h"
 
 namespace torch_pjrt::device {

@@ -509,7 +509,7 @@ void DeviceGraph::fail_locked(const std::vector<Storage*>& outputs, runtime::Err
     if (s->buffer) {
       try {
         s->dims = s->buffer->dims();
-        s->dtype = from_pjrt(s->buffer->element_type());
+        s->dtype = ir::from_pjrt_type(s->buffer->element_type());
       } catch (const std::exception&) {
         s->buffer.reset();
         s->failed = why;

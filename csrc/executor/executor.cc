@@ -64,48 +64,6 @@ runtime::MemoryCounter& memory_counter(int device) {
   return counters[device];
 }
 
-runtime::ElementType to_pjrt(ir::DType d) {
-  switch (d) {
-    case ir::DType::Pred: return PJRT_Buffer_Type_PRED;
-    case ir::DType::S8: return PJRT_Buffer_Type_S8;
-    case ir::DType::S16: return PJRT_Buffer_Type_S16;
-    case ir::DType::S32: return PJRT_Buffer_Type_S32;
-    case ir::DType::S64: return PJRT_Buffer_Type_S64;
-    case ir::DType::U8: return PJRT_Buffer_Type_U8;
-    case ir::DType::U16: return PJRT_Buffer_Type_U16;
-    case ir::DType::U32: return PJRT_Buffer_Type_U32;
-    case ir::DType::U64: return PJRT_Buffer_Type_U64;
-    case ir::DType::F16: return PJRT_Buffer_Type_F16;
-    case ir::DType::BF16: return PJRT_Buffer_Type_BF16;
-    case ir::DType::F32: return PJRT_Buffer_Type_F32;
-    case ir::DType::F64: return PJRT_Buffer_Type_F64;
-    case ir::DType::C64: return PJRT_Buffer_Type_C64;
-    case ir::DType::C128: return PJRT_Buffer_Type_C128;
-  }
-  return PJRT_Buffer_Type_INVALID;
-}
-
-ir::DType from_pjrt(runtime::ElementType t) {
-  switch (t) {
-    case PJRT_Buffer_Type_PRED: return ir::DType::Pred;
-    case PJRT_Buffer_Type_S8: return ir::DType::S8;
-    case PJRT_Buffer_Type_S16: return ir::DType::S16;
-    case PJRT_Buffer_Type_S32: return ir::DType::S32;
-    case PJRT_Buffer_Type_S64: return ir::DType::S64;
-    case PJRT_Buffer_Type_U8: return ir::DType::U8;
-    case PJRT_Buffer_Type_U16: return ir::DType::U16;
-    case PJRT_Buffer_Type_U32: return ir::DType::U32;
-    case PJRT_Buffer_Type_U64: return ir::DType::U64;
-    case PJRT_Buffer_Type_F16: return ir::DType::F16;
-    case PJRT_Buffer_Type_BF16: return ir::DType::BF16;
-    case PJRT_Buffer_Type_F32: return ir::DType::F32;
-    case PJRT_Buffer_Type_F64: return ir::DType::F64;
-    case PJRT_Buffer_Type_C64: return ir::DType::C64;
-    case PJRT_Buffer_Type_C128: return ir::DType::C128;
-    default: throw runtime::PjrtError(runtime::ErrorCode::kInvalidArgument, "unsupported PJRT type");
-  }
-}
-
 std::string hex64(uint64_t v) {
   char buf[17];
   std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(v));

@@ -59,9 +59,6 @@ Metrics& metrics();
 // Device memory held by live buffers, per device (never destroyed).
 runtime::MemoryCounter& memory_counter(int device);
 
-runtime::ElementType to_pjrt(ir::DType dtype);
-ir::DType from_pjrt(runtime::ElementType type);
-
 // How the disk tier is shared and bounded.
 struct DiskCachePolicy {
   // Total size of the entries; beyond it the least recently used go (0: unbounded).

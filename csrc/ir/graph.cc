@@ -2,6 +2,8 @@
 #include "ir/functions.h"
 
 #include <cstring>
+#include <iterator>
+#include <string>
 #include <sstream>
 #include <stdexcept>
 #include <mutex>
@@ -10,42 +12,50 @@
 
 namespace torch_pjrt::ir {
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::Pred: return "i1";
-    case DType::S8: return "i8";
-    case DType::S16: return "i16";
-    case DType::S32: return "i32";
-    case DType::S64: return "i64";
-    case DType::U8: return "ui8";
-    case DType::U16: return "ui16";
-    case DType::U32: return "ui32";
-    case DType::U64: return "ui64";
-    case DType::F16: return "f16";
-    case DType::BF16: return "bf16";
-    case DType::F32: return "f32";
-    case DType::F64: return "f64";
-    case DType::C64: return "complex<f32>";
-    case DType::C128: return "complex<f64>";
+namespace {
+// The one dtype table: a row per DType, in its enum order, with its MLIR spelling, its
+// bytes per element (as torch stores it) and its PJRT buffer type.
+struct DTypeRow {
+  DType dtype;
+  const char* mlir;
+  size_t bytes;
+  PJRT_Buffer_Type pjrt;
+};
+constexpr DTypeRow kDTypes[] = {
+    {DType::Pred, "i1", 1, PJRT_Buffer_Type_PRED},
+    {DType::S8, "i8", 1, PJRT_Buffer_Type_S8},
+    {DType::S16, "i16", 2, PJRT_Buffer_Type_S16},
+    {DType::S32, "i32", 4, PJRT_Buffer_Type_S32},
+    {DType::S64, "i64", 8, PJRT_Buffer_Type_S64},
+    {DType::U8, "ui8", 1, PJRT_Buffer_Type_U8},
+    {DType::U16, "ui16", 2, PJRT_Buffer_Type_U16},
+    {DType::U32, "ui32", 4, PJRT_Buffer_Type_U32},
+    {DType::U64, "ui64", 8, PJRT_Buffer_Type_U64},
+    {DType::F16, "f16", 2, PJRT_Buffer_Type_F16},
+    {DType::BF16, "bf16", 2, PJRT_Buffer_Type_BF16},
+    {DType::F32, "f32", 4, PJRT_Buffer_Type_F32},
+    {DType::F64, "f64", 8, PJRT_Buffer_Type_F64},
+    {DType::C64, "complex<f32>", 8, PJRT_Buffer_Type_C64},
+    {DType::C128, "complex<f64>", 16, PJRT_Buffer_Type_C128},
+};
+constexpr bool in_enum_order() {
+  for (size_t i = 0; i < std::size(kDTypes); ++i) {
+    if (static_cast<size_t>(kDTypes[i].dtype) != i) return false;
   }
-  return "?";
+  return true;
 }
+static_assert(in_enum_order(), "kDTypes must list the DTypes in their enum order");
+const DTypeRow& row(DType d) { return kDTypes[static_cast<size_t>(d)]; }
+}  // namespace
 
-size_t dtype_size(DType d) {
-  switch (d) {
-    case DType::Pred:
-    case DType::S8:
-    case DType::U8: return 1;
-    case DType::S16:
-    case DType::U16:
-    case DType::F16:
-    case DType::BF16: return 2;
-    case DType::S32:
-    case DType::U32:
-    case DType::F32: return 4;
-    case DType::C128: return 16;
-    default: return 8;
+const char* dtype_name(DType d) { return row(d).mlir; }
+size_t dtype_size(DType d) { return row(d).bytes; }
+PJRT_Buffer_Type pjrt_type(DType d) { return row(d).pjrt; }
+DType from_pjrt_type(PJRT_Buffer_Type t) {
+  for (const DTypeRow& r : kDTypes) {
+    if (r.pjrt == t) return r.dtype;
   }
+  throw std::invalid_argument("unsupported PJRT element type " + std::to_string(static_cast<int>(t)));
 }
 
 bool is_floating(DType d) {
