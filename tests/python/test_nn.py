@@ -267,7 +267,7 @@ POINTWISE: list[tuple[str, Fn]] = [
     ("deg2rad", torch.deg2rad), ("rad2deg", torch.rad2deg), ("ndtri", lambda x: torch.special.ndtri(x.sigmoid())),
     ("log_ndtr", torch.special.log_ndtr), ("entr", lambda x: torch.special.entr(x.abs())),
     ("polygamma", lambda x: torch.polygamma(2, x.abs() + 0.5)), ("nan_to_num", torch.nan_to_num),
-    ("trigamma_negative", lambda x: torch.polygamma(1, x - 3.3)),
+    ("trigamma_negative", lambda x: torch.polygamma(1, x - 3.3)), ("erfcx", torch.special.erfcx),
 ]
 
 

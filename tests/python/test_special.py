@@ -357,6 +357,24 @@ def test_log_ndtr_keeps_both_tails(dev: torch.device, dtype: torch.dtype) -> Non
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_erfcx_across_its_range(dev: torch.device, dtype: torch.dtype) -> None:
+    # exp(x^2) erfc(x): both factors overflow or underflow long before their product does. Far
+    # right (asymptotic series) and far left (+inf where the result overflows the dtype), against
+    # the float64 result at the same inputs; the bound is the CPU's own float32 distance to it
+    # (float64: a few ulps).
+    x = torch.cat([-torch.logspace(-3, 2, 50, dtype=torch.float64), torch.logspace(-3, 6, 90, dtype=torch.float64),
+                   torch.tensor([0.0, float("inf"), float("-inf"), float("nan")], dtype=torch.float64)]).to(dtype)
+    ref = torch.special.erfcx(x.double())
+    cpu = torch.special.erfcx(x).double()
+    got = torch.special.erfcx(x.to(dev)).cpu().double()
+    finite = cpu.isfinite() & (ref != 0)
+    cpu_err = ((cpu - ref) / ref)[finite].abs().max().item()
+    eps = torch.finfo(dtype).eps
+    assert ((got - ref) / ref)[finite].abs().max().item() <= max(4 * cpu_err, 16 * eps)
+    assert torch.equal(got[~finite].nan_to_num(1.0), cpu[~finite].nan_to_num(1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_i0_and_i0e_across_their_range(dev: torch.device, dtype: torch.dtype) -> None:
     # Both sides of the switch between the power series and the asymptotic series, up to where
     # exp(|x|) overflows (beyond, I0 is infinite as on the CPU). The bound: the CPU's own float32
