@@ -335,13 +335,6 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 at::Tensor threshold_backward_fn(const at::Tensor& grad, const at::Tensor& self, const at::Scalar& threshold) {
   OpBuilder op("aten::threshold_backward");
   auto& b = op.b();

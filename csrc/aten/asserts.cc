@@ -17,17 +17,10 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
 bool equal_fn(const at::Tensor& self, const at::Tensor& other) {
   if (!self.sizes().equals(other.sizes())) return false;
   return at::eq(self, other).all().item<bool>();  // one host sync, like CPU's answer
 }
-
 
 // Checked at the next sync point like an out-of-range index (no host read here).
 void assert_async_msg(const Tensor& self, c10::string_view msg) {

@@ -14,12 +14,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
 Tensor masked_fill_for(const Tensor& self, const Tensor& mask, std::optional<int64_t> mask_type, int64_t dim) {
   Tensor m = mask;
   if (mask_type && *mask_type == 1 && self.dim() == 4 && m.dim() == 2) m = m.view({m.size(0), 1, 1, m.size(1)});
@@ -39,7 +33,6 @@ Tensor masked_softmax_backward(const Tensor& grad, const Tensor& output, const T
   Tensor g = grad.masked_fill(m, 0);
   return (output * (g - (g * output).sum(d, /*keepdim=*/true))).masked_fill(m, 0);
 }
-
 
 // Attention of [B, T, E] inputs with packed projections, as the fused CPU
 // kernels compute it; mask (bool: true is masked out, else additive) of

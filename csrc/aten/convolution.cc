@@ -15,13 +15,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 L::ConvParams conv_params(size_t n, c10::IntArrayRef stride, c10::IntArrayRef padding, c10::IntArrayRef dilation,
                           int64_t groups) {
   L::ConvParams p;
@@ -148,7 +141,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward_overrideable
   return convolution_backward_impl(grad, input, weight, stride, padding, dilation, transposed, groups, mask);
 }
 
-
 L::Im2ColParams im2col_params(c10::IntArrayRef k, c10::IntArrayRef d, c10::IntArrayRef p, c10::IntArrayRef s) {
   L::Im2ColParams r{expand_param(k, 2, "im2col", "kernel_size"), expand_param(d, 2, "im2col", "dilation"),
                     expand_param(p, 2, "im2col", "padding"), expand_param(s, 2, "im2col", "stride")};
@@ -246,7 +238,6 @@ at::Tensor channel_shuffle_fn(const at::Tensor& self, int64_t groups) {
   }
   return regroup("channel_shuffle", self, split, perm, vec(self.sizes()));
 }
-
 
 std::vector<int64_t> ones(size_t n) { return std::vector<int64_t>(n, 1); }
 std::vector<int64_t> zeros(size_t n) { return std::vector<int64_t>(n, 0); }

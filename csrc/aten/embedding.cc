@@ -21,12 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
 at::Tensor embedding_fn(const at::Tensor& weight, const at::Tensor& indices, int64_t padding_idx, bool scale_grad,
                         bool sparse) {
   TORCH_CHECK(weight.dim() == 2, "'weight' must be 2-D");
@@ -53,7 +47,6 @@ at::Tensor embedding_backward_fn(const at::Tensor& grad, const at::Tensor& indic
   Value r = L::embedding_backward(op.b(), op.input(grad), op.input(indices), num_weights, padding_idx);
   return finish(op, r, grad.scalar_type(), nullptr);
 }
-
 
 struct BagInfo {
   Value offset2bag, bag_size, keep;  // keep: entry is not padding_idx (i1 [L])
@@ -205,8 +198,6 @@ at::Tensor embedding_bag_psw_backward_fn(const at::Tensor& grad, const at::Tenso
   }
   return finish(op, b.convert(r, dt), grad.scalar_type(), nullptr);
 }
-
-
 
 Tensor& embedding_renorm(Tensor& self, const Tensor& indices, double max_norm, double norm_type) {
   TORCH_CHECK(self.dim() == 2, "embedding_renorm_: weight must be 2-D");

@@ -21,13 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 at::Tensor& fill_impl(at::Tensor& self, const at::Tensor& value) {
   TORCH_CHECK(value.dim() == 0, "fill_ only supports 0-dimension value tensor but got tensor with ", value.dim(),
               " dimensions.");
@@ -117,7 +110,6 @@ at::Tensor& tril_inplace(at::Tensor& s, int64_t d) {
   tri(s, d, false, &s);
   return s;
 }
-
 
 // triu_indices / tril_indices: the coordinates are known on the host; one upload.
 at::Tensor tri_indices(int64_t row, int64_t col, int64_t offset, bool upper, std::optional<at::ScalarType> dtype,

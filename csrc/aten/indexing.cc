@@ -21,13 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 at::Tensor cat_impl(const at::ITensorListRef& tensors, int64_t dim, const at::Tensor* into) {
   std::vector<at::Tensor> ts(tensors.begin(), tensors.end());
   TORCH_CHECK(!ts.empty(), "torch.cat(): expected a non-empty list of Tensors");
@@ -425,7 +418,6 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
   return self;
 }
 
-
 // Moves `dim` to the front (and back): index_put works on leading dims.
 std::vector<int64_t> front_perm(int64_t rank, int64_t dim) {
   std::vector<int64_t> perm{dim};
@@ -687,7 +679,7 @@ at::Tensor scatter_reduce_impl(const at::Tensor& self, int64_t dim, const at::Te
     Value count = L::scatter(b, b.constant(count_type, include_self ? 1 : 0, b.dims(x)), d, idx, ones, "add");
     count = b.convert(b.binary("maximum", count, b.scalar_like(count, 1)), dt);
     // Complex: Smith's division, as torch's CPU divides (and pjrt's div).
-    out = L::binary(b, ir::is_floating(dt) || ir::is_complex(dt) ? "div" : "div_floor", out, count, dt, dt);
+    out = L::binary(b, L::binary_op(ir::is_floating(dt) || ir::is_complex(dt) ? "div" : "div_floor"), out, count, dt, dt);
   }
   if (self.dim() == 0) out = b.reshape(out, {});
   return finish(op, out, self.scalar_type(), into);

@@ -11,7 +11,16 @@
 #include "device/context.h"
 #include "device/recorder.h"
 
+namespace torch_pjrt::lowering {}
+
 namespace torch_pjrt::device {
+
+// The names every kernel file uses.
+using at::Tensor;
+using ir::Builder;
+using ir::DType;
+using ir::Value;
+namespace L = lowering;
 
 inline std::vector<int64_t> vec(c10::IntArrayRef a) { return std::vector<int64_t>(a.begin(), a.end()); }
 

@@ -19,11 +19,7 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
+const L::BinaryOp& kSubRow = L::binary_op("sub");
 
 std::tuple<at::Tensor, at::Tensor> nll_loss_forward_fn(const at::Tensor& self, const at::Tensor& target,
                                                        const std::optional<at::Tensor>& weight, int64_t reduction,
@@ -73,7 +69,7 @@ at::Tensor mse_impl(const at::Tensor& self, const at::Tensor& target, int64_t re
   OpBuilder op("aten::mse_loss");
   auto& b = op.b();
   at::ScalarType dt = at::result_type(self, target);
-  Value d = L::binary(b, "sub", op.input(self), op.input(target), to_ir(dt), to_ir(dt));
+  Value d = L::binary(b, kSubRow, op.input(self), op.input(target), to_ir(dt), to_ir(dt));
   Value sq = b.binary("multiply", d, d);
   if (reduction == 1) sq = L::mean(b, sq, {}, false, to_ir(dt));
   if (reduction == 2) sq = L::sum(b, sq, {}, false, to_ir(dt));
@@ -88,13 +84,12 @@ at::Tensor mse_backward_fn(const at::Tensor& grad, const at::Tensor& self, const
   OpBuilder op("aten::mse_loss_backward");
   auto& b = op.b();
   at::ScalarType dt = self.scalar_type();
-  Value d = L::binary(b, "sub", op.input(self), op.input(target), to_ir(dt), to_ir(dt));
+  Value d = L::binary(b, kSubRow, op.input(self), op.input(target), to_ir(dt), to_ir(dt));
   double scale = reduction == 1 ? 2.0 / static_cast<double>(std::max<int64_t>(self.numel(), 1)) : 2.0;
   Value g = b.broadcast_to(b.convert(op.input(grad), to_ir(dt)), b.dims(d));
   Value r = b.binary("multiply", b.binary("multiply", d, g), b.scalar_like(d, scale));
   return finish(op, r, dt, nullptr);
 }
-
 
 void check_same_size(const char* name, const at::Tensor& a, const at::Tensor& b) {
   if (a.sizes().equals(b.sizes())) return;
@@ -505,7 +500,6 @@ at::Tensor nll_loss2d_backward_fn(const at::Tensor& grad, const at::Tensor& self
   r = b.transpose(b.reshape(r, {self.size(0), self.size(2), self.size(3), self.size(1)}), {0, 3, 1, 2});
   return finish(op, r, self.scalar_type(), nullptr);
 }
-
 
 // The targets as [N, max target length], padded (1-d concatenated targets gathered by offsets).
 at::Tensor padded_targets(const at::Tensor& log_probs, const at::Tensor& targets, c10::IntArrayRef target_lengths) {

@@ -21,13 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 void check_matmul_dtypes(const char* name, const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.scalar_type() == b.scalar_type(), "expected m1 and m2 to have the same dtype, but got: ",
               a.scalar_type(), " != ", b.scalar_type());
@@ -151,7 +144,6 @@ at::Tensor& addmv_out(const at::Tensor& s, const at::Tensor& m, const at::Tensor
   return o;
 }
 
-
 // beta * self + alpha * product; beta == 0 ignores self (NaN included), as torch does.
 Value scaled_sum(OpBuilder& op, const at::Tensor& self, Value product, const at::Scalar& beta, const at::Scalar& alpha,
                  at::ScalarType t) {
@@ -255,7 +247,6 @@ at::Tensor vdot_fn(const at::Tensor& self, const at::Tensor& other) {
   return at::dot(self.conj(), other);  // conjugates its first argument (dot reads the lazy conj bit)
 }
 
-
 Tensor addmm_activation(const Tensor& self, const Tensor& m1, const Tensor& m2, const at::Scalar& beta,
                         const at::Scalar& alpha, bool use_gelu) {
   Tensor r = at::addmm(self, m1, m2, beta, alpha);
@@ -279,7 +270,6 @@ Tensor int_mm(const Tensor& self, const Tensor& mat2) {
   return finish(op, r, at::kInt, nullptr);
 }
 Tensor& int_mm_out(const Tensor& self, const Tensor& mat2, Tensor& out) { return write_out("_int_mm", int_mm(self, mat2), out); }
-
 
 Tensor cdist_forward_k(const Tensor& x1, const Tensor& x2, double p, std::optional<int64_t> compute_mode) {
   TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
@@ -331,9 +321,6 @@ Tensor pdist_backward_k(const Tensor& grad, const Tensor& self, double p, const 
   // d(x_i, x_j) depends on both rows: the pair's gradient reaches row i and row j.
   return cdist_backward_k(g + g.t(), self, self, p, d + d.t());
 }
-
-
-
 
 }  // namespace
 

@@ -21,12 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
 std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_fn(const at::Tensor& input, c10::IntArrayRef normalized_shape,
                                                              const std::optional<at::Tensor>& weight,
                                                              const std::optional<at::Tensor>& bias, double eps) {
@@ -73,7 +67,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> layer_norm_backward_fn(
   op.run();
   return {dx, dw, db};
 }
-
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> batch_norm_impl(const at::Tensor& input,
                                                               const std::optional<at::Tensor>& weight,
@@ -319,7 +312,6 @@ at::Tensor& renorm_out(const at::Tensor& s, const at::Scalar& p, int64_t d, cons
   return out;
 }
 
-
 std::vector<int64_t> all_but(int64_t rank, int64_t dim) {
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < rank; ++d)
@@ -358,7 +350,6 @@ std::tuple<Tensor, Tensor> batch_norm_update_stats_k(const Tensor& input, const 
   }
   return {mean, var};
 }
-
 
 }  // namespace
 

@@ -22,14 +22,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
-
 // A unary op from its row of lowering's table (the table also says which overloads it has).
 at::Tensor unary_op(const L::UnaryOp& row, const at::Tensor& self, const at::Tensor* into) {
   OpBuilder op(std::string("aten::") + row.name);
@@ -76,22 +68,18 @@ void register_unary_ops(torch::Library& m) {
   }
 }
 
-// Binary: `compute` is the promoted dtype; comparisons produce bool.
-at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor& other, const at::Tensor* into,
-                     bool comparison = false, bool true_div = false) {
-  // Orderings of complex numbers are refused, in ATen's words (names compared only for
-  // complex operands: this is every binary op's path).
-  if (self.is_complex() || other.is_complex()) {
-    for (const char* ordering : {"maximum", "minimum", "fmax", "fmin"}) {
-      TORCH_CHECK(std::strcmp(name, ordering) != 0, name, " not implemented for complex tensors.");
-    }
-  }
-  OpBuilder op(std::string("aten::") + name);
+// A binary op from its row of lowering's table: `compute` is the operands' promoted dtype
+// (floating for true division and the like); comparisons and logical ops produce bool.
+at::Tensor binary_op(const L::BinaryOp& row, const at::Tensor& self, const at::Tensor& other, const at::Tensor* into) {
+  // Orderings of complex numbers are refused, in ATen's words.
+  TORCH_CHECK(!(row.refuses_complex && (self.is_complex() || other.is_complex())), row.name,
+              " not implemented for complex tensors.");
+  OpBuilder op(std::string("aten::") + row.name);
   at::ScalarType common = at::result_type(self, other);
-  if (true_div) common = float_result(common);
-  at::ScalarType out = comparison ? at::kBool : common;
+  if (row.result == L::BinaryResult::floating) common = float_result(common);
+  at::ScalarType out = row.result == L::BinaryResult::boolean ? at::kBool : common;
   if (into) {
-    TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", name, ": result type ", out,
+    TORCH_CHECK(at::canCast(out, into->scalar_type()), device_name(), ": ", row.name, ": result type ", out,
                 " can't be cast to the desired output type ", into->scalar_type());
   }
   Value x = op.input(self);
@@ -103,80 +91,77 @@ at::Tensor binary_op(const char* name, const at::Tensor& self, const at::Tensor&
     try {
       at::infer_size(self.sizes(), other.sizes());  // PyTorch's own message, which callers match
     } catch (const c10::Error& e) {
-      TORCH_CHECK(false, device_name(), ": ", name, ": ", e.what_without_backtrace());
+      TORCH_CHECK(false, device_name(), ": ", row.name, ": ", e.what_without_backtrace());
     }
     throw;
   }
   if (into && into->is_same(self)) {
-    TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", name, "_: output with shape ", self.sizes(),
+    TORCH_CHECK(self.sizes().equals(shape), device_name(), ": ", row.name, "_: output with shape ", self.sizes(),
                 " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   }
   // ATen multiplies and divides a half or bfloat16 tensor by a Python scalar in float (its
   // opmath type): the scalar is not rounded to the tensor's dtype first (1e5 is no half).
   const bool scalar_operand =
       self.unsafeGetTensorImpl()->is_wrapped_number() || other.unsafeGetTensorImpl()->is_wrapped_number();
-  if (scalar_operand && (common == at::kHalf || common == at::kBFloat16) &&
-      (std::strcmp(name, "mul") == 0 || std::strcmp(name, "div") == 0)) {
-    Value r = L::binary(op.b(), name, x, y, ir::DType::F32, ir::DType::F32);
-    return finish(op, op.b().convert(r, to_ir(out)), out, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
-  }
-  Value r = L::binary(op.b(), name, x, y, to_ir(common), to_ir(out));
+  const ir::DType compute =
+      row.scalar_in_opmath && scalar_operand && (common == at::kHalf || common == at::kBFloat16) ? ir::DType::F32
+                                                                                                : to_ir(common);
+  Value r = L::binary(op.b(), row, x, y, compute, to_ir(out));
   return finish(op, r, out, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
 }
 
+// The rows the kernels written out below use, found once.
+const L::BinaryOp& kAddRow = L::binary_op("add");
+const L::BinaryOp& kSubRow = L::binary_op("sub");
+const L::BinaryOp& kDivRow = L::binary_op("div");
+const L::BinaryOp& kTruncDivRow = L::binary_op("div_trunc");
+const L::BinaryOp& kFloorDivRow = L::binary_op("div_floor");
+const L::BinaryOp& kPowRow = L::binary_op("pow");
+const L::BinaryOp& kHeavisideRow = L::binary_op("heaviside");
+const L::BinaryOp& kLeftShiftRow = L::binary_op("bitwise_left_shift");
+const L::BinaryOp& kRightShiftRow = L::binary_op("bitwise_right_shift");
 
-#define BINARY_KERNELS(NAME, OVERLOAD, CMP, TDIV)                                                          \
-  at::Tensor NAME##_fn(const at::Tensor& self, const at::Tensor& other) {                                \
-    return binary_op(#NAME, self, other, nullptr, CMP, TDIV);                                           \
-  }                                                                                                       \
-  at::Tensor& NAME##_inplace(at::Tensor& self, const at::Tensor& other) {                               \
-    binary_op(#NAME, self, other, &self, CMP, TDIV);                                                     \
-    return self;                                                                                          \
-  }                                                                                                       \
-  at::Tensor& NAME##_out(const at::Tensor& self, const at::Tensor& other, at::Tensor& out) {           \
-    binary_op(#NAME, self, other, &out, CMP, TDIV);                                                      \
-    return out;                                                                                           \
-  }                                                                                                       \
-  at::Tensor NAME##_s(const at::Tensor& self, const at::Scalar& other) {                                \
-    return binary_op(#NAME, self, scalar_tensor_like(other), nullptr, CMP, TDIV);                       \
-  }                                                                                                       \
-  at::Tensor& NAME##_s_inplace(at::Tensor& self, const at::Scalar& other) {                             \
-    binary_op(#NAME, self, scalar_tensor_like(other), &self, CMP, TDIV);                                 \
-    return self;                                                                                          \
-  }                                                                                                       \
-  at::Tensor& NAME##_s_out(const at::Tensor& self, const at::Scalar& other, at::Tensor& out) {          \
-    binary_op(#NAME, self, scalar_tensor_like(other), &out, CMP, TDIV);                                  \
-    return out;                                                                                           \
+// Every overload each row of the binary table names (Scalar forms: the scalar as a wrapped number).
+void register_binary_ops(torch::Library& m) {
+  for (const L::BinaryOp& row : L::binary_ops()) {
+    const L::BinaryOp* r = &row;
+    if (row.tensor.functional) {
+      m.impl(row.tensor.functional, [r](const at::Tensor& self, const at::Tensor& other) {
+        return binary_op(*r, self, other, nullptr);
+      });
+    }
+    if (row.tensor.inplace) {
+      m.impl(row.tensor.inplace, [r](at::Tensor& self, const at::Tensor& other) -> at::Tensor& {
+        binary_op(*r, self, other, &self);
+        return self;
+      });
+    }
+    if (row.tensor.out) {
+      m.impl(row.tensor.out, [r](const at::Tensor& self, const at::Tensor& other, at::Tensor& out) -> at::Tensor& {
+        binary_op(*r, self, other, &out);
+        return out;
+      });
+    }
+    if (row.scalar.functional) {
+      m.impl(row.scalar.functional, [r](const at::Tensor& self, const at::Scalar& other) {
+        return binary_op(*r, self, scalar_tensor_like(other), nullptr);
+      });
+    }
+    if (row.scalar.inplace) {
+      m.impl(row.scalar.inplace, [r](at::Tensor& self, const at::Scalar& other) -> at::Tensor& {
+        binary_op(*r, self, scalar_tensor_like(other), &self);
+        return self;
+      });
+    }
+    if (row.scalar.out) {
+      m.impl(row.scalar.out, [r](const at::Tensor& self, const at::Scalar& other, at::Tensor& out) -> at::Tensor& {
+        binary_op(*r, self, scalar_tensor_like(other), &out);
+        return out;
+      });
+    }
   }
+}
 
-BINARY_KERNELS(mul, Tensor, false, false)
-BINARY_KERNELS(eq, Tensor, true, false)
-BINARY_KERNELS(ne, Tensor, true, false)
-BINARY_KERNELS(lt, Tensor, true, false)
-BINARY_KERNELS(le, Tensor, true, false)
-BINARY_KERNELS(gt, Tensor, true, false)
-BINARY_KERNELS(ge, Tensor, true, false)
-BINARY_KERNELS(maximum, Tensor, false, false)
-BINARY_KERNELS(minimum, Tensor, false, false)
-BINARY_KERNELS(atan2, Tensor, false, true)
-BINARY_KERNELS(remainder, Tensor, false, false)
-BINARY_KERNELS(fmod, Tensor, false, false)
-BINARY_KERNELS(bitwise_and, Tensor, false, false)
-BINARY_KERNELS(bitwise_or, Tensor, false, false)
-BINARY_KERNELS(bitwise_xor, Tensor, false, false)
-BINARY_KERNELS(logical_and, Tensor, true, false)
-BINARY_KERNELS(logical_or, Tensor, true, false)
-BINARY_KERNELS(logical_xor, Tensor, true, false)
-BINARY_KERNELS(xlogy, Tensor, false, true)
-BINARY_KERNELS(special_xlog1py, Tensor, false, true)
-BINARY_KERNELS(special_zeta, Tensor, false, true)
-BINARY_KERNELS(logaddexp, Tensor, false, true)
-BINARY_KERNELS(logaddexp2, Tensor, false, true)
-BINARY_KERNELS(hypot, Tensor, false, true)
-BINARY_KERNELS(copysign, Tensor, false, true)
-BINARY_KERNELS(nextafter, Tensor, false, false)
-BINARY_KERNELS(fmax, Tensor, false, false)
-BINARY_KERNELS(fmin, Tensor, false, false)
 // heaviside: ATen's checks (same dtypes everywhere, no complex), then the pointwise kernel.
 void check_heaviside(const at::Tensor& self, const at::Tensor& values, const at::Tensor* out) {
   TORCH_CHECK(!self.is_complex() && !values.is_complex() && (!out || !out->is_complex()),
@@ -186,21 +171,18 @@ void check_heaviside(const at::Tensor& self, const at::Tensor& values, const at:
 }
 at::Tensor heaviside_fn(const at::Tensor& self, const at::Tensor& values) {
   check_heaviside(self, values, nullptr);
-  return binary_op("heaviside", self, values, nullptr, false, false);
+  return binary_op(kHeavisideRow, self, values, nullptr);
 }
 at::Tensor& heaviside_inplace(at::Tensor& self, const at::Tensor& values) {
   check_heaviside(self, values, &self);
-  binary_op("heaviside", self, values, &self, false, false);
+  binary_op(kHeavisideRow, self, values, &self);
   return self;
 }
 at::Tensor& heaviside_out(const at::Tensor& self, const at::Tensor& values, at::Tensor& out) {
   check_heaviside(self, values, &out);
-  binary_op("heaviside", self, values, &out, false, false);
+  binary_op(kHeavisideRow, self, values, &out);
   return out;
 }
-BINARY_KERNELS(bitwise_left_shift, Tensor, false, false)
-BINARY_KERNELS(bitwise_right_shift, Tensor, false, false)
-BINARY_KERNELS(div_floor, Tensor, false, false)
 
 // Autograd's placeholder for gradients known to be zero.
 at::Tensor efficient_zero_tensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
@@ -305,7 +287,7 @@ at::Tensor add_sub(const at::Tensor& self, const at::Tensor& other, const at::Sc
     Value r = L::add_scaled(op.b(), x, y, op.scalar(alpha, common), to_ir(common), subtract);
     return finish(op, r, common, into, op.pointwise_layout(static_cast<int64_t>(shape.size())));
   }
-  return binary_op(name, self, other, into);
+  return binary_op(subtract ? kSubRow : kAddRow, self, other, into);
 }
 
 at::Tensor add_fn(const at::Tensor& s, const at::Tensor& o, const at::Scalar& a) { return add_sub(s, o, a, nullptr, false); }
@@ -329,10 +311,10 @@ at::Tensor& sub_out(const at::Tensor& s, const at::Tensor& o, const at::Scalar& 
 
 at::Tensor div_mode(const at::Tensor& self, const at::Tensor& other, std::optional<c10::string_view> mode,
                     const at::Tensor* into) {
-  if (!mode) return binary_op("div", self, other, into, false, true);
-  if (*mode == "trunc") return binary_op("div_trunc", self, other, into);
+  if (!mode) return binary_op(kDivRow, self, other, into);
+  if (*mode == "trunc") return binary_op(kTruncDivRow, self, other, into);
   TORCH_CHECK(*mode == "floor", "div expected rounding_mode to be one of None, 'trunc', or 'floor' but found '", *mode, "'");
-  return binary_op("div_floor", self, other, into);
+  return binary_op(kFloorDivRow, self, other, into);
 }
 at::Tensor div_fn(const at::Tensor& s, const at::Tensor& o) { return div_mode(s, o, std::nullopt, nullptr); }
 at::Tensor& div_inplace(at::Tensor& s, const at::Tensor& o) {
@@ -356,13 +338,13 @@ at::Tensor& div_mode_out(const at::Tensor& s, const at::Tensor& o, std::optional
 }
 
 // pow: computed in the promoted dtype.
-at::Tensor pow_tt(const at::Tensor& s, const at::Tensor& e) { return binary_op("pow", s, e, nullptr); }
+at::Tensor pow_tt(const at::Tensor& s, const at::Tensor& e) { return binary_op(kPowRow, s, e, nullptr); }
 at::Tensor& pow_tt_out(const at::Tensor& s, const at::Tensor& e, at::Tensor& out) {
-  binary_op("pow", s, e, &out);
+  binary_op(kPowRow, s, e, &out);
   return out;
 }
 at::Tensor& pow_tt_inplace(at::Tensor& s, const at::Tensor& e) {
-  binary_op("pow", s, e, &s);
+  binary_op(kPowRow, s, e, &s);
   return s;
 }
 // As ATen: an integer tensor to a negative integer scalar power is refused (its result is no integer).
@@ -372,20 +354,19 @@ void check_integer_power(const at::Tensor& base, const at::Scalar& exponent) {
 }
 at::Tensor pow_ts(const at::Tensor& s, const at::Scalar& e) {
   check_integer_power(s, e);
-  return binary_op("pow", s, scalar_tensor_like(e), nullptr);
+  return binary_op(kPowRow, s, scalar_tensor_like(e), nullptr);
 }
 at::Tensor& pow_ts_out(const at::Tensor& s, const at::Scalar& e, at::Tensor& out) {
   check_integer_power(s, e);
-  binary_op("pow", s, scalar_tensor_like(e), &out);
+  binary_op(kPowRow, s, scalar_tensor_like(e), &out);
   return out;
 }
 at::Tensor& pow_ts_inplace(at::Tensor& s, const at::Scalar& e) {
   check_integer_power(s, e);
-  binary_op("pow", s, scalar_tensor_like(e), &s);
+  binary_op(kPowRow, s, scalar_tensor_like(e), &s);
   return s;
 }
-at::Tensor pow_st(const at::Scalar& s, const at::Tensor& e) { return binary_op("pow", scalar_tensor_like(s), e, nullptr); }
-
+at::Tensor pow_st(const at::Scalar& s, const at::Tensor& e) { return binary_op(kPowRow, scalar_tensor_like(s), e, nullptr); }
 
 at::Tensor where_self(const at::Tensor& cond, const at::Tensor& self, const at::Tensor& other) {
   OpBuilder op("aten::where");
@@ -592,14 +573,11 @@ at::Tensor& round_decimals_inplace(at::Tensor& s, int64_t d) {
   return s;
 }
 
-
-
-
 Tensor shift(const char* name, const Tensor& self, const Tensor& other, bool left, const Tensor* into) {
   at::ScalarType t = at::result_type(self, other);
   TORCH_CHECK(at::isIntegralType(t, /*includeBool=*/false), name, ": expected integer inputs, got ", t);
   OpBuilder op(std::string("aten::") + name);
-  Value r = L::binary(op.b(), left ? "bitwise_left_shift" : "bitwise_right_shift", op.input(self), op.input(other),
+  Value r = L::binary(op.b(), left ? kLeftShiftRow : kRightShiftRow, op.input(self), op.input(other),
                       to_ir(t), to_ir(t));
   return finish(op, r, t, into);
 }
@@ -660,15 +638,10 @@ at::Tensor round_decimals_fn(const at::Tensor& s, int64_t d) { return round_deci
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   register_unary_ops(m);
+  register_binary_ops(m);
 #define REG_FUNCTIONAL_AND_OUT(NAME) \
   m.impl(#NAME, NAME##_fn);        \
   m.impl(#NAME ".out", NAME##_out);
-  REG_FUNCTIONAL_AND_OUT(logaddexp)
-  REG_FUNCTIONAL_AND_OUT(logaddexp2)
-  REG_FUNCTIONAL_AND_OUT(fmax)
-  REG_FUNCTIONAL_AND_OUT(fmin)
-  REG_FUNCTIONAL_AND_OUT(special_xlog1py)
-  REG_FUNCTIONAL_AND_OUT(special_zeta)
   REG_FUNCTIONAL_AND_OUT(polygamma)
   REG_FUNCTIONAL_AND_OUT(nan_to_num)
   REG_FUNCTIONAL_AND_OUT(logit)
@@ -686,78 +659,9 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 #undef REG_ONE_SIDED_CLAMP
   m.impl("_efficientzerotensor", efficient_zero_tensor);
   m.impl("logit_", logit_inplace);
-  m.impl("hypot", hypot_fn);
-  m.impl("hypot_", hypot_inplace);
-  m.impl("hypot.out", hypot_out);
-  m.impl("nextafter", nextafter_fn);
-  m.impl("nextafter_", nextafter_inplace);
-  m.impl("nextafter.out", nextafter_out);
   m.impl("heaviside", heaviside_fn);
   m.impl("heaviside_", heaviside_inplace);
   m.impl("heaviside.out", heaviside_out);
-  m.impl("copysign.Tensor", copysign_fn);
-  m.impl("copysign_.Tensor", copysign_inplace);
-  m.impl("copysign.out", copysign_out);
-  m.impl("copysign.Scalar", copysign_s);
-  m.impl("copysign_.Scalar", copysign_s_inplace);
-  m.impl("copysign.Scalar_out", copysign_s_out);
-  m.impl("floor_divide", div_floor_fn);
-  m.impl("floor_divide_.Tensor", div_floor_inplace);
-  m.impl("floor_divide.out", div_floor_out);
-  m.impl("floor_divide.Scalar", div_floor_s);
-  m.impl("floor_divide_.Scalar", div_floor_s_inplace);
-#define REG_SHIFT(NAME)                                 \
-  m.impl(#NAME ".Tensor", NAME##_fn);                   \
-  m.impl(#NAME "_.Tensor", NAME##_inplace);             \
-  m.impl(#NAME ".Tensor_out", NAME##_out);              \
-  m.impl(#NAME ".Tensor_Scalar", NAME##_s);             \
-  m.impl(#NAME "_.Tensor_Scalar", NAME##_s_inplace);    \
-  m.impl(#NAME ".Tensor_Scalar_out", NAME##_s_out);
-  REG_SHIFT(bitwise_left_shift)
-  REG_SHIFT(bitwise_right_shift)
-#undef REG_SHIFT
-#define REG_BINARY(NAME)                                \
-  m.impl(#NAME ".Tensor", NAME##_fn);                   \
-  m.impl(#NAME "_.Tensor", NAME##_inplace);             \
-  m.impl(#NAME ".Tensor_out", NAME##_out);              \
-  m.impl(#NAME ".Scalar", NAME##_s);                    \
-  m.impl(#NAME "_.Scalar", NAME##_s_inplace);           \
-  m.impl(#NAME ".Scalar_out", NAME##_s_out);
-  REG_BINARY(eq)
-  REG_BINARY(ne)
-  REG_BINARY(lt)
-  REG_BINARY(le)
-  REG_BINARY(gt)
-  REG_BINARY(ge)
-  REG_BINARY(remainder)
-  REG_BINARY(fmod)
-#undef REG_BINARY
-#define REG_BINARY_T(NAME)                              \
-  m.impl(#NAME, NAME##_fn);                             \
-  m.impl(#NAME "_", NAME##_inplace);                    \
-  m.impl(#NAME ".out", NAME##_out);
-  REG_BINARY_T(maximum)
-  REG_BINARY_T(minimum)
-  REG_BINARY_T(atan2)
-  REG_BINARY_T(logical_and)
-  REG_BINARY_T(logical_or)
-  REG_BINARY_T(logical_xor)
-#undef REG_BINARY_T
-  m.impl("bitwise_and.Tensor", bitwise_and_fn);
-  m.impl("bitwise_and_.Tensor", bitwise_and_inplace);
-  m.impl("bitwise_and.Tensor_out", bitwise_and_out);
-  m.impl("bitwise_or.Tensor", bitwise_or_fn);
-  m.impl("bitwise_or_.Tensor", bitwise_or_inplace);
-  m.impl("bitwise_or.Tensor_out", bitwise_or_out);
-  m.impl("bitwise_xor.Tensor", bitwise_xor_fn);
-  m.impl("bitwise_xor_.Tensor", bitwise_xor_inplace);
-  m.impl("bitwise_xor.Tensor_out", bitwise_xor_out);
-  m.impl("xlogy.Tensor", xlogy_fn);
-  m.impl("xlogy_.Tensor", xlogy_inplace);
-  m.impl("xlogy.OutTensor", xlogy_out);
-  m.impl("mul.Tensor", mul_fn);
-  m.impl("mul_.Tensor", mul_inplace);
-  m.impl("mul.out", mul_out);
   m.impl("add.Tensor", add_fn);
   m.impl("add_.Tensor", add_inplace);
   m.impl("add.out", add_out);

@@ -14,13 +14,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 L::PoolParams pool_params(const char* op, size_t n, c10::IntArrayRef kernel, c10::IntArrayRef stride,
                           c10::IntArrayRef padding, c10::IntArrayRef dilation, bool ceil_mode, const at::Tensor& self) {
   TORCH_CHECK(self.dim() == static_cast<int64_t>(n) + 1 || self.dim() == static_cast<int64_t>(n) + 2, op,
@@ -210,7 +203,6 @@ at::Tensor max_unpool3d_fn(const at::Tensor& s, const at::Tensor& i, c10::IntArr
   return max_unpool_fn("max_unpool3d", s, i, o);
 }
 
-
 std::tuple<at::Tensor, at::Tensor> fractional_max_pool_fn(size_t k, const char* name, const at::Tensor& self,
                                                           c10::IntArrayRef kernel, c10::IntArrayRef output,
                                                           const at::Tensor& samples) {
@@ -282,7 +274,6 @@ at::Tensor& fractional_max_pool3d_backward_out(const at::Tensor& g, const at::Te
                                                c10::IntArrayRef o, const at::Tensor& i, at::Tensor& out) {
   return write_out("fractional_max_pool3d_backward", fractional_max_pool3d_backward_fn(g, s, k, o, i), out);
 }
-
 
 Tensor& adaptive_avg_pool2d_out(const Tensor& self, c10::IntArrayRef output_size, Tensor& out) {
   return write_out("adaptive_avg_pool2d", at::_adaptive_avg_pool2d(self, output_size), out);

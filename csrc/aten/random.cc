@@ -21,14 +21,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
-
 at::Tensor& uniform_fn(at::Tensor& self, double from, double to, std::optional<at::Generator> gen) {
   if (self.is_complex()) {  // as torch: each part uniform on [from, to)
     at::Tensor parts = at::view_as_real(self);
@@ -258,9 +250,6 @@ at::Tensor& random_to(at::Tensor& self, int64_t to, std::optional<at::Generator>
 at::Tensor& random_plain(at::Tensor& self, std::optional<at::Generator> gen) {
   return random_from_to(self, 0, std::nullopt, gen);
 }
-
-
-
 
 // Fills self with f(u) for uniform u in [0, 1) drawn in f32 (f64 for double).
 at::Tensor& fill_from_uniform(const char* name, at::Tensor& self, std::optional<at::Generator> gen,

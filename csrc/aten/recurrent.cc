@@ -11,13 +11,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 // nn.LSTM / nn.GRU (and their cells) call these with the gate projections done.
 bool defined(const std::optional<at::Tensor>& t) { return t && t->defined(); }
 // An optional operand: its value in `slot`, or null when absent.
@@ -34,7 +27,6 @@ void check_cell(const char* name, const at::Tensor& input_gates, const at::Tenso
               name, ": expected gates of shape [batch, ", gates, " * hidden] and a state [batch, hidden], got ",
               input_gates.sizes(), ", ", hidden_gates.sizes(), " and ", state.sizes());
 }
-
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> thnn_fused_lstm_cell(
     const at::Tensor& input_gates, const at::Tensor& hidden_gates, const at::Tensor& cx,

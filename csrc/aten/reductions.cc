@@ -22,13 +22,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 // torch.hash_tensor (mode 0, xor_sum): the xor of the elements' 64-bit patterns, floats
 // widened to double and integers to int64 first, as CPU.
 at::Tensor& hash_tensor_out(const at::Tensor& self, at::IntArrayRef dim, bool keepdim, int64_t mode, at::Tensor& out) {
@@ -472,7 +465,6 @@ at::Tensor segment_reduce_backward_fn(const at::Tensor& grad, const at::Tensor& 
   return at::where(s.valid, gi, zero);
 }
 
-
 // searchsorted / bucketize's out= tensor has exactly the index dtype out_int32 asks for.
 void check_search_out(const char* name, const at::Tensor& out, bool out_int32) {
   TORCH_CHECK(out.scalar_type() == (out_int32 ? at::kInt : at::kLong), "torch.", name,
@@ -566,8 +558,6 @@ at::Tensor isin_ts(const at::Tensor& e, const at::Scalar& t, bool, bool inv) {
 at::Tensor isin_st(const at::Scalar& e, const at::Tensor& t, bool, bool inv) {
   return isin_impl(at::scalar_tensor(e, t.options().device(at::kCPU).dtype(e.type())), t, inv, nullptr);
 }
-
-
 
 at::Tensor nansum_impl(const at::Tensor& self, at::OptionalIntArrayRef dims, bool keepdim,
                        std::optional<at::ScalarType> dtype, const at::Tensor* into) {
@@ -724,7 +714,6 @@ at::Tensor trace_fn(const at::Tensor& self) {
   return finish(op, r, out, nullptr);
 }
 
-
 // Integer inputs are counted as CUDA's histc counts them (transformers' MoE routing
 // calls histc on int32 expert ids on every device but the CPU): bounds truncated to
 // integers, the bin by integer division, counts in the input's dtype.
@@ -779,8 +768,6 @@ std::tuple<Tensor, Tensor> aminmax_dim_legacy(const Tensor& self, int64_t dim, b
   auto [mn, mx] = at::aminmax(self, dim, keepdim);
   return {mn, mx};
 }
-
-
 
 }  // namespace
 

@@ -11,13 +11,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 enum class Resample { Nearest, NearestExact, Linear, Cubic, LinearAA, CubicAA };
 
 // Resamples the trailing output_size.size() dims of x (or, backward, maps a gradient back).
@@ -105,7 +98,6 @@ WEIGHTED_KERNELS(upsample_trilinear3d, Resample::Linear, P3, {s1 COMMA s2 COMMA 
 WEIGHTED_KERNELS(upsample_bicubic2d, Resample::Cubic, P2, {s1 COMMA s2})
 WEIGHTED_KERNELS(_upsample_bilinear2d_aa, Resample::LinearAA, P2, {s1 COMMA s2})
 WEIGHTED_KERNELS(_upsample_bicubic2d_aa, Resample::CubicAA, P2, {s1 COMMA s2})
-
 
 enum class PadMode { Reflect, Replicate };
 

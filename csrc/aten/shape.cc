@@ -18,13 +18,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 at::Tensor flip_fn(const at::Tensor& self, c10::IntArrayRef dims) {
   std::vector<int64_t> d;
   for (int64_t x : dims) d.push_back(at::maybe_wrap_dim(x, std::max<int64_t>(self.dim(), 1)));
@@ -185,7 +178,6 @@ Tensor channel_shuffle(const Tensor& self, int64_t groups) {
   split.insert(split.begin() + 1, groups);
   return self.reshape(split).transpose(1, 2).reshape(self.sizes()).contiguous(self.suggest_memory_format());
 }
-
 
 Tensor repeat_interleave_k(const Tensor& repeats, std::optional<int64_t> output_size) {
   TORCH_CHECK(repeats.dim() == 1, "repeat_interleave only accept 1D vector as repeat");

@@ -11,13 +11,6 @@
 namespace torch_pjrt::device {
 namespace {
 
-using ir::Builder;
-using ir::DType;
-using ir::Value;
-using at::Tensor;
-namespace L = lowering;
-
-
 at::Tensor scan_fn(const char* name, const at::Tensor& self, int64_t dim, std::optional<at::ScalarType> dtype,
                    const std::string& kind, const at::Tensor* into) {
   at::ScalarType out = dtype ? *dtype

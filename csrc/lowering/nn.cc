@@ -682,7 +682,8 @@ Value cumulative(Builder& b, Value x, int64_t dim, const std::string& op) {
   if (op == "logsumexp" && ir::is_complex(dt)) {
     auto body = [dt](Builder& rb, const std::vector<Value>& l, const std::vector<Value>& r) {
       // torch's complex rule, the new element first as CPU's scan (ties pick differently).
-      return std::vector<Value>{binary(rb, "logaddexp", r[0], l[0], dt, dt)};
+      static const BinaryOp& logaddexp = binary_op("logaddexp");
+      return std::vector<Value>{binary(rb, logaddexp, r[0], l[0], dt, dt)};
     };
     return b.reduce_window({x}, {b.constant(dt, -INFINITY)}, w, body)[0];
   }

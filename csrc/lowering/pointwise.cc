@@ -600,8 +600,6 @@ Value unary(Builder& b, const UnaryOp& op, Value x, DType compute, DType out) {
 
 namespace {
 
-using BinaryFn = std::function<Value(Builder&, Value, Value)>;
-
 Value floor_div(Builder& b, Value x, Value y) {
   DType d = b.dtype(x);
   if (ir::is_floating(d)) {
@@ -630,144 +628,192 @@ Value floor_div(Builder& b, Value x, Value y) {
   return b.select(adjust, b.binary("subtract", q, b.scalar_like(q, 1)), q);
 }
 
-const std::map<std::string, BinaryFn>& binary_table() {
-  static const std::map<std::string, BinaryFn> table = [] {
-    std::map<std::string, BinaryFn> t;
-    auto simple = [&t](const std::string& name, const std::string& op) {
-      t[name] = [op](Builder& b, Value x, Value y) { return b.binary(op, x, y); };
-    };
-    simple("add", "add");
-    simple("sub", "subtract");
-    simple("mul", "multiply");
-    simple("maximum", "maximum");
-    simple("minimum", "minimum");
-    simple("pow", "power");
-    simple("atan2", "atan2");
-    simple("bitwise_and", "and");
-    simple("bitwise_or", "or");
-    simple("bitwise_xor", "xor");
-    t["div"] = [](Builder& b, Value x, Value y) {
-      return ir::is_complex(b.dtype(x)) ? complex_divide(b, x, y) : b.binary("divide", x, y);
-    };
-    t["div_trunc"] = [](Builder& b, Value x, Value y) {
-      Value q = b.binary("divide", x, y);
-      return ir::is_floating(b.dtype(q)) ? trunc_rule(b, q) : q;
-    };
-    t["div_floor"] = floor_div;
-    t["fmod"] = [](Builder& b, Value x, Value y) { return b.binary("remainder", x, y); };
-    t["remainder"] = [](Builder& b, Value x, Value y) {
-      // Python modulo: result has the sign of the divisor.
-      Value r = b.binary("remainder", x, y);
-      Value zero = b.scalar_like(x, 0);
-      Value fix = b.binary("and", b.compare(r, zero, "NE"),
-                           b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"));
-      return b.select(fix, b.binary("add", r, y), r);
-    };
-    auto cmp = [&t](const std::string& name, const std::string& dir) {
-      t[name] = [dir](Builder& b, Value x, Value y) { return b.compare(x, y, dir); };
-    };
-    cmp("eq", "EQ");
-    cmp("ne", "NE");
-    cmp("lt", "LT");
-    cmp("le", "LE");
-    cmp("gt", "GT");
-    cmp("ge", "GE");
-    auto logical = [&t](const std::string& name, const std::string& op) {
-      t[name] = [op](Builder& b, Value x, Value y) {
-        return b.binary(op, b.convert(x, DType::Pred), b.convert(y, DType::Pred));
-      };
-    };
-    logical("logical_and", "and");
-    logical("logical_or", "or");
-    logical("logical_xor", "xor");
-    t["xlogy"] = [](Builder& b, Value x, Value y) {
-      Value r = b.binary("multiply", x, b.unary("log", y));
-      r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
-      return b.select(b.compare(y, y, "NE"), y, r);  // NaN in y wins even when x == 0
-    };
-    t["special_xlog1py"] = [](Builder& b, Value x, Value y) {
-      Value r = b.binary("multiply", x, b.unary("log_plus_one", y));
-      r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
-      return b.select(b.compare(y, y, "NE"), y, r);
-    };
-    t["logaddexp"] = [](Builder& b, Value x, Value y) {
-      if (ir::is_complex(b.dtype(x))) {
-        // torch's rule: ordered by real part (x is lo only when strictly smaller), then
-        // log1p(exp(lo - hi)) + hi; a NaN in either gives NaN; equal infinite real parts
-        // give lo (-inf) or log(exp(lo) + exp(hi)) (+inf).
-        Value x_lower = b.compare(b.real(x), b.real(y), "LT");
-        Value lo = b.select(x_lower, x, y);
-        Value hi = b.select(x_lower, y, x);
-        Value r = b.binary("add", b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))), hi);
-        Value lr = b.real(lo), hr = b.real(hi);
-        Value both_inf = b.binary("and", b.unary("not", b.unary("is_finite", lr)), b.compare(lr, hr, "EQ"));
-        Value pos_inf = b.unary("log", b.binary("add", b.unary("exponential", lo), b.unary("exponential", hi)));
-        r = b.select(both_inf, b.select(b.compare(lr, b.scalar_like(lr, 0), "LT"), lo, pos_inf), r);
-        auto has_nan = [&](Value z) {
-          return b.binary("or", b.compare(b.real(z), b.real(z), "NE"), b.compare(b.imag(z), b.imag(z), "NE"));
-        };
-        Value nan = b.binary("or", has_nan(x), has_nan(y));
-        Value nn = b.complex(b.scalar_like(lr, NAN), b.scalar_like(lr, NAN));
-        return b.select(nan, nn, r);
-      }
-      Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
-      Value r = b.binary("add", hi, b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))));
-      // Equal infinities: the difference would be NaN.
-      return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
-    };
-    t["logaddexp2"] = [](Builder& b, Value x, Value y) {
-      Value ln2 = b.scalar_like(x, std::log(2.0));
-      Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
-      Value r = b.binary("add", hi, b.binary("divide", b.unary("log_plus_one", b.unary("exponential", b.binary("multiply", b.binary("subtract", lo, hi), ln2))), ln2));
-      return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
-    };
-    t["hypot"] = [](Builder& b, Value x, Value y) {
-      Value ax = b.unary("abs", x), ay = b.unary("abs", y);
-      Value hi = b.binary("maximum", ax, ay), lo = b.binary("minimum", ax, ay);
-      Value ratio = b.binary("divide", lo, hi);
-      Value r = b.binary("multiply", hi, b.unary("sqrt", b.binary("add", b.scalar_like(x, 1), b.binary("multiply", ratio, ratio))));
-      r = b.select(b.compare(hi, b.scalar_like(x, 0), "EQ"), hi, r);
-      // An infinite side wins over a NaN one (C's hypot, as torch): inf, not NaN.
-      Value inf = b.scalar_like(x, INFINITY);
-      Value any_inf = b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ"));
-      return b.select(any_inf, inf, r);
-    };
-    t["copysign"] = [](Builder& b, Value x, Value y) {
-      // x's magnitude bits with y's sign bit: NaNs give and take signs as std::copysign.
-      Value xb = float_bits(b, x), yb = float_bits(b, y);
-      const DType bits = b.dtype(xb);
-      const int64_t min = bits == DType::S64 ? std::numeric_limits<int64_t>::min()
-                          : bits == DType::S32 ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int16_t>::min();
-      Value sign_mask = b.constant_int(bits, min, b.dims(xb)), magnitude_mask = b.constant_int(bits, -(min + 1), b.dims(xb));
-      Value r = b.binary("or", b.binary("and", xb, magnitude_mask), b.binary("and", yb, sign_mask));
-      return from_bits(b, r, b.dtype(x));
-    };
-    t["nextafter"] = [](Builder& b, Value x, Value y) { return b.binary("chlo.next_after", x, y); };
-    t["special_zeta"] = [](Builder& b, Value x, Value y) { return hurwitz_zeta(b, x, y); };
-    auto nan_ignoring = [&t](const std::string& name, const std::string& op) {
-      t[name] = [op](Builder& b, Value x, Value y) {
-        if (!ir::is_floating(b.dtype(x))) return b.binary(op, x, y);
-        Value r = b.binary(op, x, y);
-        r = b.select(b.compare(x, x, "NE"), y, r);
-        return b.select(b.compare(y, y, "NE"), x, r);
-      };
-    };
-    nan_ignoring("fmax", "maximum");
-    nan_ignoring("fmin", "minimum");
-    t["heaviside"] = [](Builder& b, Value x, Value y) {
-      Value zero = b.scalar_like(x, 0);
-      Value r = b.select(b.compare(x, zero, "GT"), b.scalar_like(x, 1), zero);
-      r = b.select(b.compare(x, zero, "EQ"), y, r);
-      return b.select(b.compare(x, x, "NE"), x, r);
-    };
-    t["bitwise_left_shift"] = [](Builder& b, Value x, Value y) { return b.binary("shift_left", x, y); };
-    t["bitwise_right_shift"] = [](Builder& b, Value x, Value y) {
-      return b.binary(ir::is_unsigned_int(b.dtype(x)) ? "shift_right_logical" : "shift_right_arithmetic", x, y);
-    };
-    return t;
-  }();
-  return table;
+Value true_divide(Builder& b, Value x, Value y) {
+  return ir::is_complex(b.dtype(x)) ? complex_divide(b, x, y) : b.binary("divide", x, y);
 }
+
+Value trunc_divide(Builder& b, Value x, Value y) {
+  Value q = b.binary("divide", x, y);
+  return ir::is_floating(b.dtype(q)) ? trunc_rule(b, q) : q;
+}
+
+Value python_remainder(Builder& b, Value x, Value y) {
+  // Python modulo: result has the sign of the divisor.
+  Value r = b.binary("remainder", x, y);
+  Value zero = b.scalar_like(x, 0);
+  Value fix = b.binary("and", b.compare(r, zero, "NE"),
+                       b.compare(b.compare(r, zero, "LT"), b.compare(y, zero, "LT"), "NE"));
+  return b.select(fix, b.binary("add", r, y), r);
+}
+
+Value xlogy_rule(Builder& b, Value x, Value y) {
+  Value r = b.binary("multiply", x, b.unary("log", y));
+  r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+  return b.select(b.compare(y, y, "NE"), y, r);  // NaN in y wins even when x == 0
+}
+
+Value xlog1py_rule(Builder& b, Value x, Value y) {
+  Value r = b.binary("multiply", x, b.unary("log_plus_one", y));
+  r = b.select(b.compare(x, b.scalar_like(x, 0), "EQ"), b.scalar_like(x, 0), r);
+  return b.select(b.compare(y, y, "NE"), y, r);
+}
+
+Value logaddexp_rule(Builder& b, Value x, Value y) {
+  if (ir::is_complex(b.dtype(x))) {
+    // torch's rule: ordered by real part (x is lo only when strictly smaller), then
+    // log1p(exp(lo - hi)) + hi; a NaN in either gives NaN; equal infinite real parts
+    // give lo (-inf) or log(exp(lo) + exp(hi)) (+inf).
+    Value x_lower = b.compare(b.real(x), b.real(y), "LT");
+    Value lo = b.select(x_lower, x, y);
+    Value hi = b.select(x_lower, y, x);
+    Value r = b.binary("add", b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))), hi);
+    Value lr = b.real(lo), hr = b.real(hi);
+    Value both_inf = b.binary("and", b.unary("not", b.unary("is_finite", lr)), b.compare(lr, hr, "EQ"));
+    Value pos_inf = b.unary("log", b.binary("add", b.unary("exponential", lo), b.unary("exponential", hi)));
+    r = b.select(both_inf, b.select(b.compare(lr, b.scalar_like(lr, 0), "LT"), lo, pos_inf), r);
+    auto has_nan = [&](Value z) {
+      return b.binary("or", b.compare(b.real(z), b.real(z), "NE"), b.compare(b.imag(z), b.imag(z), "NE"));
+    };
+    Value nan = b.binary("or", has_nan(x), has_nan(y));
+    Value nn = b.complex(b.scalar_like(lr, NAN), b.scalar_like(lr, NAN));
+    return b.select(nan, nn, r);
+  }
+  Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
+  Value r = b.binary("add", hi, b.unary("log_plus_one", b.unary("exponential", b.binary("subtract", lo, hi))));
+  // Equal infinities: the difference would be NaN.
+  return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
+}
+
+Value logaddexp2_rule(Builder& b, Value x, Value y) {
+  Value ln2 = b.scalar_like(x, std::log(2.0));
+  Value hi = b.binary("maximum", x, y), lo = b.binary("minimum", x, y);
+  Value r = b.binary("add", hi, b.binary("divide", b.unary("log_plus_one", b.unary("exponential", b.binary("multiply", b.binary("subtract", lo, hi), ln2))), ln2));
+  return b.select(b.binary("and", b.compare(x, y, "EQ"), b.compare(b.unary("abs", x), b.scalar_like(x, INFINITY), "EQ")), x, r);
+}
+
+Value hypot_rule(Builder& b, Value x, Value y) {
+  Value ax = b.unary("abs", x), ay = b.unary("abs", y);
+  Value hi = b.binary("maximum", ax, ay), lo = b.binary("minimum", ax, ay);
+  Value ratio = b.binary("divide", lo, hi);
+  Value r = b.binary("multiply", hi, b.unary("sqrt", b.binary("add", b.scalar_like(x, 1), b.binary("multiply", ratio, ratio))));
+  r = b.select(b.compare(hi, b.scalar_like(x, 0), "EQ"), hi, r);
+  // An infinite side wins over a NaN one (C's hypot, as torch): inf, not NaN.
+  Value inf = b.scalar_like(x, INFINITY);
+  Value any_inf = b.binary("or", b.compare(ax, inf, "EQ"), b.compare(ay, inf, "EQ"));
+  return b.select(any_inf, inf, r);
+}
+
+Value copysign_rule(Builder& b, Value x, Value y) {
+  // x's magnitude bits with y's sign bit: NaNs give and take signs as std::copysign.
+  Value xb = float_bits(b, x), yb = float_bits(b, y);
+  const DType bits = b.dtype(xb);
+  const int64_t min = bits == DType::S64 ? std::numeric_limits<int64_t>::min()
+                      : bits == DType::S32 ? std::numeric_limits<int32_t>::min() : std::numeric_limits<int16_t>::min();
+  Value sign_mask = b.constant_int(bits, min, b.dims(xb)), magnitude_mask = b.constant_int(bits, -(min + 1), b.dims(xb));
+  Value r = b.binary("or", b.binary("and", xb, magnitude_mask), b.binary("and", yb, sign_mask));
+  return from_bits(b, r, b.dtype(x));
+}
+
+Value heaviside_rule(Builder& b, Value x, Value y) {
+  Value zero = b.scalar_like(x, 0);
+  Value r = b.select(b.compare(x, zero, "GT"), b.scalar_like(x, 1), zero);
+  r = b.select(b.compare(x, zero, "EQ"), y, r);
+  return b.select(b.compare(x, x, "NE"), x, r);
+}
+
+Value right_shift(Builder& b, Value x, Value y) {
+  return b.binary(ir::is_unsigned_int(b.dtype(x)) ? "shift_right_logical" : "shift_right_arithmetic", x, y);
+}
+
+// fmax/fmin: a NaN operand loses to a number.
+template <bool is_max>
+Value nan_ignoring(Builder& b, Value x, Value y) {
+  const char* op = is_max ? "maximum" : "minimum";
+  if (!ir::is_floating(b.dtype(x))) return b.binary(op, x, y);
+  Value r = b.binary(op, x, y);
+  r = b.select(b.compare(x, x, "NE"), y, r);
+  return b.select(b.compare(y, y, "NE"), x, r);
+}
+
+template <const char* Op>
+Value simple(Builder& b, Value x, Value y) { return b.binary(Op, x, y); }
+template <const char* Direction>
+Value compare(Builder& b, Value x, Value y) { return b.compare(x, y, Direction); }
+template <const char* Op>
+Value logical(Builder& b, Value x, Value y) { return b.binary(Op, b.convert(x, DType::Pred), b.convert(y, DType::Pred)); }
+constexpr char kAdd[] = "add", kSubtract[] = "subtract", kMultiply[] = "multiply", kMaximum[] = "maximum",
+               kMinimum[] = "minimum", kPower[] = "power", kAtan2[] = "atan2", kAnd[] = "and", kOr[] = "or",
+               kXor[] = "xor", kRemainder[] = "remainder", kShiftLeft[] = "shift_left", kNextAfter[] = "chlo.next_after";
+constexpr char kEq[] = "EQ", kNe[] = "NE", kLt[] = "LT", kLe[] = "LE", kGt[] = "GT", kGe[] = "GE";
+
+using B = BinaryResult;
+// Overload names: name.Tensor, name_.Tensor, name.Tensor_out and the .Scalar forms.
+#define TENSOR_AND_SCALAR_OVERLOADS(NAME) \
+  .tensor = {NAME ".Tensor", NAME "_.Tensor", NAME ".Tensor_out"}, .scalar = {NAME ".Scalar", NAME "_.Scalar", NAME ".Scalar_out"}
+// name, name_, name.out
+#define PLAIN_OVERLOADS(NAME) .tensor = {NAME, NAME "_", NAME ".out"}
+
+// One row per binary op. Rows with no overloads are rules other kernels call (add and sub
+// take alpha, div its rounding mode, pow its scalar forms).
+const BinaryOp kBinaryOps[] = {
+    {.name = "add", .result = B::promoted, .rule = simple<kAdd>},
+    {.name = "sub", .result = B::promoted, .rule = simple<kSubtract>},
+    {.name = "div", .result = B::floating, .rule = true_divide, .scalar_in_opmath = true},
+    {.name = "div_trunc", .result = B::promoted, .rule = trunc_divide},
+    {.name = "pow", .result = B::promoted, .rule = simple<kPower>},
+    {.name = "mul", .result = B::promoted, .rule = simple<kMultiply>,
+     .tensor = {"mul.Tensor", "mul_.Tensor", "mul.out"}, .scalar_in_opmath = true},
+    {.name = "eq", .result = B::boolean, .rule = compare<kEq>, TENSOR_AND_SCALAR_OVERLOADS("eq")},
+    {.name = "ne", .result = B::boolean, .rule = compare<kNe>, TENSOR_AND_SCALAR_OVERLOADS("ne")},
+    {.name = "lt", .result = B::boolean, .rule = compare<kLt>, TENSOR_AND_SCALAR_OVERLOADS("lt")},
+    {.name = "le", .result = B::boolean, .rule = compare<kLe>, TENSOR_AND_SCALAR_OVERLOADS("le")},
+    {.name = "gt", .result = B::boolean, .rule = compare<kGt>, TENSOR_AND_SCALAR_OVERLOADS("gt")},
+    {.name = "ge", .result = B::boolean, .rule = compare<kGe>, TENSOR_AND_SCALAR_OVERLOADS("ge")},
+    // Python's modulo: the result has the divisor's sign; fmod: the dividend's.
+    {.name = "remainder", .result = B::promoted, .rule = python_remainder, TENSOR_AND_SCALAR_OVERLOADS("remainder")},
+    {.name = "fmod", .result = B::promoted, .rule = simple<kRemainder>, TENSOR_AND_SCALAR_OVERLOADS("fmod")},
+    {.name = "maximum", .result = B::promoted, .rule = simple<kMaximum>, PLAIN_OVERLOADS("maximum"), .refuses_complex = true},
+    {.name = "minimum", .result = B::promoted, .rule = simple<kMinimum>, PLAIN_OVERLOADS("minimum"), .refuses_complex = true},
+    {.name = "fmax", .result = B::promoted, .rule = nan_ignoring<true>, .tensor = {"fmax", nullptr, "fmax.out"},
+     .refuses_complex = true},
+    {.name = "fmin", .result = B::promoted, .rule = nan_ignoring<false>, .tensor = {"fmin", nullptr, "fmin.out"},
+     .refuses_complex = true},
+    {.name = "atan2", .result = B::floating, .rule = simple<kAtan2>, PLAIN_OVERLOADS("atan2")},
+    {.name = "logical_and", .result = B::boolean, .rule = logical<kAnd>, PLAIN_OVERLOADS("logical_and")},
+    {.name = "logical_or", .result = B::boolean, .rule = logical<kOr>, PLAIN_OVERLOADS("logical_or")},
+    {.name = "logical_xor", .result = B::boolean, .rule = logical<kXor>, PLAIN_OVERLOADS("logical_xor")},
+    {.name = "bitwise_and", .result = B::promoted, .rule = simple<kAnd>,
+     .tensor = {"bitwise_and.Tensor", "bitwise_and_.Tensor", "bitwise_and.Tensor_out"}},
+    {.name = "bitwise_or", .result = B::promoted, .rule = simple<kOr>,
+     .tensor = {"bitwise_or.Tensor", "bitwise_or_.Tensor", "bitwise_or.Tensor_out"}},
+    {.name = "bitwise_xor", .result = B::promoted, .rule = simple<kXor>,
+     .tensor = {"bitwise_xor.Tensor", "bitwise_xor_.Tensor", "bitwise_xor.Tensor_out"}},
+    {.name = "bitwise_left_shift", .result = B::promoted, .rule = simple<kShiftLeft>,
+     .tensor = {"bitwise_left_shift.Tensor", "bitwise_left_shift_.Tensor", "bitwise_left_shift.Tensor_out"},
+     .scalar = {"bitwise_left_shift.Tensor_Scalar", "bitwise_left_shift_.Tensor_Scalar", "bitwise_left_shift.Tensor_Scalar_out"}},
+    {.name = "bitwise_right_shift", .result = B::promoted, .rule = right_shift,
+     .tensor = {"bitwise_right_shift.Tensor", "bitwise_right_shift_.Tensor", "bitwise_right_shift.Tensor_out"},
+     .scalar = {"bitwise_right_shift.Tensor_Scalar", "bitwise_right_shift_.Tensor_Scalar", "bitwise_right_shift.Tensor_Scalar_out"}},
+    {.name = "xlogy", .result = B::floating, .rule = xlogy_rule, .tensor = {"xlogy.Tensor", "xlogy_.Tensor", "xlogy.OutTensor"}},
+    {.name = "special_xlog1py", .result = B::floating, .rule = xlog1py_rule,
+     .tensor = {"special_xlog1py", nullptr, "special_xlog1py.out"}},
+    {.name = "special_zeta", .result = B::floating, .rule = [](Builder& b, Value x, Value y) { return hurwitz_zeta(b, x, y); },
+     .tensor = {"special_zeta", nullptr, "special_zeta.out"}},
+    {.name = "logaddexp", .result = B::floating, .rule = logaddexp_rule, .tensor = {"logaddexp", nullptr, "logaddexp.out"}},
+    {.name = "logaddexp2", .result = B::floating, .rule = logaddexp2_rule, .tensor = {"logaddexp2", nullptr, "logaddexp2.out"}},
+    {.name = "hypot", .result = B::floating, .rule = hypot_rule, PLAIN_OVERLOADS("hypot")},
+    {.name = "copysign", .result = B::floating, .rule = copysign_rule,
+     .tensor = {"copysign.Tensor", "copysign_.Tensor", "copysign.out"},
+     .scalar = {"copysign.Scalar", "copysign_.Scalar", "copysign.Scalar_out"}},
+    {.name = "nextafter", .result = B::promoted, .rule = simple<kNextAfter>, PLAIN_OVERLOADS("nextafter")},
+    // heaviside checks its dtypes first: its kernels are written out (aten/pointwise.cc).
+    {.name = "heaviside", .result = B::promoted, .rule = heaviside_rule},
+    {.name = "div_floor", .result = B::promoted, .rule = floor_div,
+     .tensor = {"floor_divide", "floor_divide_.Tensor", "floor_divide.out"},
+     .scalar = {"floor_divide.Scalar", "floor_divide_.Scalar", nullptr}},
+};
+#undef TENSOR_AND_SCALAR_OVERLOADS
+#undef PLAIN_OVERLOADS
 
 }  // namespace
 
@@ -806,13 +852,20 @@ Value erf(Builder& b, Value x) {
   return b.convert(b.unary("chlo.erf", b.convert(x, accumulate_type(d))), d);
 }
 
-Value binary(Builder& b, const std::string& name, Value x, Value y, DType compute, DType out) {
-  auto it = binary_table().find(name);
-  if (it == binary_table().end()) throw std::invalid_argument("no lowering for binary op " + name);
+std::span<const BinaryOp> binary_ops() { return kBinaryOps; }
+
+const BinaryOp& binary_op(std::string_view name) {
+  for (const BinaryOp& op : kBinaryOps) {
+    if (name == op.name) return op;
+  }
+  throw std::invalid_argument("no binary op named " + std::string(name));
+}
+
+Value binary(Builder& b, const BinaryOp& op, Value x, Value y, DType compute, DType out) {
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
   Value xc = b.broadcast_to(b.convert(x, compute), shape);
   Value yc = b.broadcast_to(b.convert(y, compute), shape);
-  return b.convert(it->second(b, xc, yc), out);
+  return b.convert(op.rule(b, xc, yc), out);
 }
 
 Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract) {

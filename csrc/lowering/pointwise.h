@@ -1,7 +1,8 @@
-// Pointwise lowerings. Unary ops are one table: a row names the ATen op, the
-// variants ATen defines for it, its result dtype and its rules (real, complex,
-// what integers give). The ATen layer registers every row's kernels from it, so
-// a new unary op is one row here (plus its rule, when it is longer than the row).
+// Pointwise lowerings. Unary and binary ops are tables: a row names the ATen op,
+// the overloads ATen defines for it, its result dtype and its rules (for unary ops:
+// real, complex, what integers give). The ATen layer registers every row's kernels
+// from them, so a new pointwise op is one row here (plus its rule, when it is
+// longer than the row).
 #pragma once
 
 #include <cstdint>
@@ -68,9 +69,39 @@ Value sign(Builder& b, Value x);            // (0 < x) - (x < 0): NaN and -0.0 g
 Value abs(Builder& b, Value x);
 Value erf(Builder& b, Value x);
 
-// Binary elementwise with broadcasting; inputs converted to `compute`.
-// Comparisons and logical ops produce Pred, converted to `out`.
-Value binary(Builder& b, const std::string& name, Value x, Value y, DType compute, DType out);
+// Binary ops are one table too: a row names the op, its result dtype, its rule (on
+// operands converted to the computation dtype and broadcast) and ATen's overloads of it
+// for a Tensor and for a Scalar `other` (functional, in-place, out=; null: none or
+// written out by hand). The ATen layer registers every overload a row names.
+using BinaryRule = Value (*)(Builder&, Value, Value);
+
+enum class BinaryResult : uint8_t {
+  promoted,  // the operands' promoted dtype
+  floating,  // promoted, integers to the default float dtype (true division, atan2 ...)
+  boolean,   // comparisons and logical ops
+};
+
+struct BinaryOverloads {
+  const char* functional = nullptr;
+  const char* inplace = nullptr;
+  const char* out = nullptr;
+};
+
+struct BinaryOp {
+  const char* name;  // in messages and the recorded op's name: aten::<name>
+  BinaryResult result;
+  BinaryRule rule;
+  BinaryOverloads tensor = {};
+  BinaryOverloads scalar = {};
+  bool refuses_complex = false;   // orderings: "not implemented for complex tensors"
+  bool scalar_in_opmath = false;  // a half/bfloat16 tensor and a Python scalar are computed in float32, as ATen does
+};
+
+std::span<const BinaryOp> binary_ops();
+// The row of `name` (std::invalid_argument if none): for lookups made once.
+const BinaryOp& binary_op(std::string_view name);
+// op on x and y, broadcast and converted to `compute`; the result converted to `out`.
+Value binary(Builder& b, const BinaryOp& op, Value x, Value y, DType compute, DType out);
 // add/sub with alpha: x + alpha * y.
 Value add_scaled(Builder& b, Value x, Value y, Value alpha, DType compute, bool subtract);
 Value where(Builder& b, Value cond, Value x, Value y, DType out);

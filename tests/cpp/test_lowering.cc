@@ -74,7 +74,7 @@ TEST(Lowering, CopysignTakesTheSignBit) {
   auto x = g.param({DType::F32, {1}});
   auto y = g.param({DType::F32, {4}});
   auto broadcast_x = b.broadcast_to(x, {4});
-  g.set_outputs({lowering::binary(b, "copysign", broadcast_x, y, DType::F32, DType::F32)});
+  g.set_outputs({lowering::binary(b, lowering::binary_op("copysign"), broadcast_x, y, DType::F32, DType::F32)});
   auto r = run_f32<float>(g, {nan}, {1}, {-1.0f, 2.0f, -0.0f, -nan}, {4}, 4);
   for (size_t i = 0; i < r.size(); ++i) {
     EXPECT_TRUE(std::isnan(r[i]));
