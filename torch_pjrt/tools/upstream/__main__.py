@@ -250,6 +250,18 @@ def _total(results: list[FileResult]) -> FileResult:
                       sorted({c for r in results for c in r.commits}))
 
 
+def report_file(name: str, result: FileResult) -> None:
+    """One line for a file, then its problems."""
+    c = result.counts
+    scope = "" if result.collected is None else f"; a sample of {result.run + c['skipped']} of {result.collected} tests"
+    print(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
+          f"{c['xfailed']} expected failures ({result.cpu_too} failing on CPU too), {c['xpassed']} unexpected "
+          f"passes: {100 * result.rate:.1f}%, {100 * result.device_rate:.1f}% without the CPU's own failures "
+          f"({result.seconds:.0f} s{scope})", flush=True)
+    for p in result.problems:
+        print(f"  {p['outcome'].upper()} {p['test']}: {p['message']}", flush=True)
+
+
 def _sample_size(option: str | None, file: str) -> int | None:
     if not option:
         return None
@@ -295,18 +307,16 @@ def main() -> None:
     if problem:
         parser.error(problem)
     results = []
-    for name in names:
-        result = run_file(found[name], _sample_size(args.sample, name),
-                          args.timeout, args.jobs, args.outcomes, args.resume)
-        results.append(result)
-        c = result.counts
-        scope = "" if result.collected is None else f"; a sample of {result.run + c['skipped']} of {result.collected} tests"
-        print(f"{name}: {c['passed']} passed, {c['failed']} failed, {c['error']} errors, {c['skipped']} skipped, "
-              f"{c['xfailed']} expected failures ({result.cpu_too} failing on CPU too), {c['xpassed']} unexpected "
-              f"passes: {100 * result.rate:.1f}%, {100 * result.device_rate:.1f}% without the CPU's own failures "
-              f"({result.seconds:.0f} s{scope})", flush=True)
-        for p in result.problems:
-            print(f"  {p['outcome'].upper()} {p['test']}: {p['message']}", flush=True)
+    # A sample is a few tests per file: the files run side by side, one process each (a share
+    # per job would collect the same file once per job). A whole run splits each file instead.
+    files_at_once = max(1, args.jobs) if args.sample else 1
+    jobs_per_file = 1 if args.sample else args.jobs
+    with concurrent.futures.ThreadPoolExecutor(files_at_once) as pool:
+        pending = [pool.submit(run_file, found[name], _sample_size(args.sample, name), args.timeout, jobs_per_file,
+                               args.outcomes, args.resume) for name in names]
+        for name, future in zip(names, pending):  # reported in the files' order
+            results.append(future.result())
+            report_file(name, results[-1])
     print(table(results))
     if args.report:
         command = "python -m torch_pjrt.tools.upstream " + " ".join(sys.argv[1:])
