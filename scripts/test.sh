@@ -2,10 +2,12 @@
 # Runs every test: C++ unit tests for the torch-free layers, a slice of the
 # plugin qualification battery (every kernel and buffer check, each training
 # family with one optimizer in every mode; the whole battery is
-# `python -m torch_pjrt.qualify`), the packaging check (scripts/test_packaging.sh),
-# a slice of PyTorch's own device-generic test files (scripts/upstream.sh runs them
-# whole), then pytest in strict eager mode (the whole suite) beside the op, view,
-# autograd, training and model tests in fused eager mode.
+# `python -m torch_pjrt.qualify`), then pytest in strict eager mode (the whole
+# suite), then the op, view, autograd, training and model tests again in fused
+# eager mode (less what does not depend on the eager mode: compiled model
+# training and generation, debug mode, the conformance slice). Between the two, the packaging
+# check (scripts/test_packaging.sh) and a slice of PyTorch's own device-generic
+# test files (scripts/upstream.sh runs them whole).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 section() { echo "== $* (${SECONDS}s into the run)"; }  # the elapsed time shows where CI spends it
@@ -41,30 +43,15 @@ if [ ${#UPSTREAM[@]} -gt 0 ]; then
   section "PyTorch's own test files (slice; from ${UPSTREAM[*]})"
   .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" --jobs 2
 fi
-# The strict pass (the whole suite) and the fused pass (the op, view, autograd, training and
-# model tests again, less what does not depend on the eager mode: compiled model training and
-# generation, debug mode, the conformance slice) run side by side: neither keeps both cores
-# busy alone. Each writes its own log, shown whole when both are done; the slowest tests of
-# each are listed at the end of its log.
+section "Python tests, strict eager"
+TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
+section "Python tests, fused eager"
 FUSED=""
 for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
-LOGS=$(mktemp -d)
-section "Python tests, strict and fused eager, side by side (logs: $LOGS)"
-TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests/python \
-  > "$LOGS/strict.log" 2>&1 &
-STRICT=$!
 # shellcheck disable=SC2086
-TORCH_PJRT_EAGER_MODE=fused .venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 $FUSED \
+TORCH_PJRT_EAGER_MODE=fused .venv/bin/python -m pytest -q -p no:cacheprovider $FUSED \
   -k "not (test_gpt_trains_like_cpu and compiled) and not (test_cnn_trains_like_cpu and compiled) and not debug_mode \
-and not test_hf_compiled_training and not test_static_cache_generation" > "$LOGS/fused.log" 2>&1 &
-FUSED_PID=$!
-STRICT_RC=0; wait "$STRICT" || STRICT_RC=$?
-section "Python tests, strict eager: done (exit $STRICT_RC)"
-cat "$LOGS/strict.log"
-FUSED_RC=0; wait "$FUSED_PID" || FUSED_RC=$?
-section "Python tests, fused eager: done (exit $FUSED_RC)"
-cat "$LOGS/fused.log"
-[ "$STRICT_RC" -eq 0 ] && [ "$FUSED_RC" -eq 0 ] || { echo "Python tests failed (strict: exit $STRICT_RC, fused: exit $FUSED_RC)" >&2; exit 1; }
+and not test_hf_compiled_training and not test_static_cache_generation"
 section "Done"
