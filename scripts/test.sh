@@ -2,12 +2,10 @@
 # Runs every test: C++ unit tests for the torch-free layers, a slice of the
 # plugin qualification battery (every kernel and buffer check, each training
 # family with one optimizer in every mode; the whole battery is
-# `python -m torch_pjrt.qualify`), then pytest in strict eager mode (the whole
-# suite), then the op, view, autograd, training and model tests again in fused
-# eager mode (less what does not depend on the eager mode: compiled model
-# training and generation, debug mode, the conformance slice). Between the two, the packaging
-# check (scripts/test_packaging.sh) and a slice of PyTorch's own device-generic
-# test files (scripts/upstream.sh runs them whole).
+# `python -m torch_pjrt.qualify`), then side by side: the packaging check
+# (scripts/test_packaging.sh) and a slice of PyTorch's own device-generic test files
+# (scripts/upstream.sh runs them whole); pytest in strict eager mode (the whole suite,
+# in two shards); the op, view, autograd, training and model tests in fused eager mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 section() { echo "== $* (${SECONDS}s into the run)"; }  # the elapsed time shows where CI spends it
@@ -25,9 +23,20 @@ if [ $# -gt 0 ]; then  # a selection: run it once, in the mode the environment n
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
   exit
 fi
-# pip install / pip wheel --no-build-isolation into new venvs that hold torch.
-section "Packaging"
-bash scripts/test_packaging.sh
+# The rest runs as four jobs side by side, each logging to its own file (shown whole, with its
+# time, when all are done): no one of them keeps both cores busy alone (pytest runs one
+# process; packaging and the upstream slice wait on pip and on subprocesses).
+#  - the packaging check, then a slice of PyTorch's own test files;
+#  - the strict pass in two shards: the tests that run models, servers and worker processes,
+#    and the rest;
+#  - the fused pass: the op, view, autograd, training and model tests again, less what does
+#    not depend on the eager mode (compiled model training and generation, debug mode).
+LOGS=$(mktemp -d)
+job() {  # job NAME COMMAND...: runs in the background, its output and exit status under $LOGS
+  local name=$1
+  shift
+  ( start=$SECONDS; rc=0; "$@" > "$LOGS/$name.log" 2>&1 || rc=$?; echo "$rc $((SECONDS - start))" > "$LOGS/$name.status" ) &
+}
 # TORCH_PJRT_UPSTREAM_DIR: directories of PyTorch's test files, separated by ':'.
 IFS=: read -ra WANTED <<< "${TORCH_PJRT_UPSTREAM_DIR:-../shared/upstream:../shared/upstream-next}"
 UPSTREAM=()
@@ -36,22 +45,49 @@ for d in "${WANTED[@]}"; do
     section "PyTorch's own test files from $d: NOT RUN, no such directory (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
   fi
 done
-if [ ${#UPSTREAM[@]} -gt 0 ]; then
+packaging_then_upstream() {
+  echo "== Packaging"
+  # pip install / pip wheel --no-build-isolation into new venvs that hold torch.
+  bash scripts/test_packaging.sh || return  # (errexit is off in a function run under ||)
+  [ ${#UPSTREAM[@]} -gt 0 ] || return 0
   # A fixed, evenly spread sample of each file plus every test the spec names: a new
   # failure or an expected failure that starts passing turns this red. The full run is
   # scripts/upstream.sh.
-  section "PyTorch's own test files (slice; from ${UPSTREAM[*]})"
+  echo "== PyTorch's own test files (slice; from ${UPSTREAM[*]}) ($((SECONDS - start))s into this job)"
   .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" --jobs 2
-fi
-section "Python tests, strict eager"
-TORCH_PJRT_EAGER_MODE=strict .venv/bin/python -m pytest -q -p no:cacheprovider tests/python
-section "Python tests, fused eager"
+}
+HEAVY=""
+for t in zoo serving_vllm stacks_titan stacks_hf distributed qualify cache compile library upstream_runner doctor \
+         registration integrations pretrained hf models training flex_attention; do
+  HEAVY="$HEAVY tests/python/test_$t.py"
+done
+IGNORE=""
+for f in $HEAVY; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""
 for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
+section "Packaging + upstream slice, strict eager (two shards) and fused eager, side by side (logs: $LOGS)"
+job packaging-upstream packaging_then_upstream
 # shellcheck disable=SC2086
-TORCH_PJRT_EAGER_MODE=fused .venv/bin/python -m pytest -q -p no:cacheprovider $FUSED \
+job strict-models env TORCH_PJRT_EAGER_MODE=strict TORCH_PJRT_TEST_SLOWDOWN=2 "${PYTEST[@]}" $HEAVY
+# shellcheck disable=SC2086
+job strict-ops env TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" tests/python $IGNORE
+# shellcheck disable=SC2086
+job fused env TORCH_PJRT_EAGER_MODE=fused "${PYTEST[@]}" $FUSED \
   -k "not (test_gpt_trains_like_cpu and compiled) and not (test_cnn_trains_like_cpu and compiled) and not debug_mode \
 and not test_hf_compiled_training and not test_static_cache_generation"
+wait
+FAILED=()
+for name in packaging-upstream strict-models strict-ops fused; do
+  read -r rc took < "$LOGS/$name.status"
+  section "$name: exit $rc after ${took}s"
+  cat "$LOGS/$name.log"
+  [ "$rc" -eq 0 ] || FAILED+=("$name")
+done
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "FAILED: ${FAILED[*]}" >&2
+  exit 1
+fi
 section "Done"
