@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Runs every test: C++ unit tests for the torch-free layers, a slice of the
-# plugin qualification battery (every kernel and buffer check, each training
-# family with one optimizer in every mode; the whole battery is
-# `python -m torch_pjrt.qualify`), then side by side: the packaging check
-# (scripts/test_packaging.sh) and a slice of PyTorch's own device-generic test files
+# Runs every test: C++ unit tests for the torch-free layers, then side by side: a slice of
+# the plugin qualification battery (every kernel and buffer check, each training family
+# with one optimizer in every mode; the whole battery is `python -m torch_pjrt.qualify`),
+# the packaging check (scripts/test_packaging.sh --reuse-build; without the flag it also
+# builds from scratch in a new venv) and a slice of PyTorch's own device-generic test files
 # (scripts/upstream.sh runs them whole); pytest in strict eager mode (the whole suite,
 # in two shards); the op, view, autograd, training and model tests in fused eager mode.
 set -euo pipefail
@@ -14,11 +14,6 @@ PLUGIN=$(.venv/bin/python -c "import torch_pjrt._plugins as p; print(p.choose_pl
 section "C++ tests (plugin: $PLUGIN)"
 TORCH_PJRT_TEST_PLUGIN="$PLUGIN" ./build/cpp_tests --gtest_brief=1
 export TORCH_PJRT_CACHE_DIR="${TORCH_PJRT_CACHE_DIR:-$(mktemp -d)}"
-if [ $# -eq 0 ]; then
-  section "Plugin qualification (slice)"
-  .venv/bin/python -m torch_pjrt.qualify --only kernels,buffers,training.embedding-head.sgd.,training.mlp.adamw.,\
-training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,training.hf-llama.adamw-fused.
-fi
 if [ $# -gt 0 ]; then  # a selection: run it once, in the mode the environment names
   .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
   exit
@@ -26,7 +21,7 @@ fi
 # The rest runs as four jobs side by side, each logging to its own file (shown whole, with its
 # time, when all are done): no one of them keeps both cores busy alone (pytest runs one
 # process; packaging and the upstream slice wait on pip and on subprocesses).
-#  - the packaging check, then a slice of PyTorch's own test files;
+#  - the qualification slice, the packaging check, then a slice of PyTorch's own test files;
 #  - the strict pass in two shards: the tests that run models, servers and worker processes,
 #    and the rest;
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
@@ -45,10 +40,15 @@ for d in "${WANTED[@]}"; do
     section "PyTorch's own test files from $d: NOT RUN, no such directory (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
   fi
 done
-packaging_then_upstream() {
-  echo "== Packaging"
-  # pip install / pip wheel --no-build-isolation into new venvs that hold torch.
-  bash scripts/test_packaging.sh || return  # (errexit is off in a function run under ||)
+qualify_packaging_upstream() {
+  echo "== Plugin qualification (slice)"
+  .venv/bin/python -m torch_pjrt.qualify --only kernels,buffers,training.embedding-head.sgd.,training.mlp.adamw.,\
+training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,training.hf-llama.adamw-fused. \
+    || return  # (errexit is off in a function run under ||)
+  echo "== Packaging ($((SECONDS - start))s into this job)"
+  # The wheel, from setup.sh's build (no second from-scratch build: scripts/test_packaging.sh
+  # without --reuse-build does that, in a new venv), installed into a new venv that holds torch.
+  bash scripts/test_packaging.sh --reuse-build || return
   [ ${#UPSTREAM[@]} -gt 0 ] || return 0
   # A fixed, evenly spread sample of each file plus every test the spec names: a new
   # failure or an expected failure that starts passing turns this red. The full run is
@@ -69,8 +69,8 @@ for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts 
   FUSED="$FUSED tests/python/test_$t.py"
 done
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
-section "Packaging + upstream slice, strict eager (two shards) and fused eager, side by side (logs: $LOGS)"
-job packaging-upstream packaging_then_upstream
+section "Qualification slice + packaging + upstream slice, strict eager (two shards) and fused eager, side by side (logs: $LOGS)"
+job qualify-packaging-upstream qualify_packaging_upstream
 # shellcheck disable=SC2086
 job strict-models env TORCH_PJRT_EAGER_MODE=strict TORCH_PJRT_TEST_SLOWDOWN=2 "${PYTEST[@]}" $HEAVY
 # shellcheck disable=SC2086
@@ -81,7 +81,7 @@ job fused env TORCH_PJRT_EAGER_MODE=fused "${PYTEST[@]}" $FUSED \
 and not test_hf_compiled_training and not test_static_cache_generation"
 wait
 FAILED=()
-for name in packaging-upstream strict-models strict-ops fused; do
+for name in qualify-packaging-upstream strict-models strict-ops fused; do
   read -r rc took < "$LOGS/$name.status"
   section "$name: exit $rc after ${took}s"
   cat "$LOGS/$name.log"

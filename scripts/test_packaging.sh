@@ -7,7 +7,15 @@
 #   bash scripts/test_packaging.sh                 # torch 2.13.0 (the CPU build)
 #   TORCH_SPEC=torch==2.14.1 bash scripts/test_packaging.sh
 # OTHER_TORCH=torch==2.14.1 adds the mismatch check (a multi-GB install; not in CI).
+#   bash scripts/test_packaging.sh --reuse-build   # CI: the wheel only, from scripts/setup.sh's build
+# --reuse-build skips the from-scratch build in a new venv (the one expensive step; setup.sh's own
+# `pip install -e .` already builds through setup.py): `pip wheel` runs in .venv over build/ with
+# setup.sh's configuration, so CMake finds nothing to do, and the wheel goes into a new venv
+# with its own torch (what a user's install meets: the package list, _build_info.json, the
+# autoload entry point, the module's RPATH into that venv's torch).
 set -euo pipefail
+REUSE_BUILD=0
+[ "${1:-}" = "--reuse-build" ] && REUSE_BUILD=1
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
@@ -40,21 +48,27 @@ EOF
   )
 }
 
-echo "== packaging: a venv with $TORCH_SPEC; pip install --no-build-isolation ."
-V1="$WORK/venv-$tag-install"
-new_venv "$V1" "$TORCH_SPEC"
 export MAX_JOBS=${MAX_JOBS:-2}
-TORCH_PJRT_BUILD_DIR="$WORK/build-$tag" "$V1/bin/python" -m pip install -q --disable-pip-version-check \
-  --no-build-isolation "$ROOT" 2>&1 | grep -vE "^WARNING: Location" || true
-check "$V1/bin/python"
-
-echo "== packaging: pip wheel --no-build-isolation, installed into a second venv"
 rm -rf "$WORK/dist-$tag"
-TORCH_PJRT_BUILD_DIR="$WORK/build-$tag" "$V1/bin/python" -m pip wheel -q --disable-pip-version-check \
-  --no-build-isolation --no-deps "$ROOT" -w "$WORK/dist-$tag" 2>&1 | grep -vE "^WARNING: Location" || true
+if [ "$REUSE_BUILD" = 1 ]; then
+  echo "== packaging: pip wheel --no-build-isolation from .venv over setup.sh's build/"
+  TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 TORCH_PJRT_OUTPUT_DIR="$ROOT/torch_pjrt" \
+    PATH="$ROOT/.venv/bin:$PATH" "$ROOT/.venv/bin/python" -m pip wheel -q --disable-pip-version-check \
+    --no-build-isolation --no-deps "$ROOT" -w "$WORK/dist-$tag" 2>&1 | grep -vE "^WARNING: Location" || true
+else
+  echo "== packaging: a venv with $TORCH_SPEC; pip install --no-build-isolation ."
+  V1="$WORK/venv-$tag-install"
+  new_venv "$V1" "$TORCH_SPEC"
+  TORCH_PJRT_BUILD_DIR="$WORK/build-$tag" "$V1/bin/python" -m pip install -q --disable-pip-version-check \
+    --no-build-isolation "$ROOT" 2>&1 | grep -vE "^WARNING: Location" || true
+  check "$V1/bin/python"
+  echo "== packaging: pip wheel --no-build-isolation, installed into a second venv"
+  TORCH_PJRT_BUILD_DIR="$WORK/build-$tag" "$V1/bin/python" -m pip wheel -q --disable-pip-version-check \
+    --no-build-isolation --no-deps "$ROOT" -w "$WORK/dist-$tag" 2>&1 | grep -vE "^WARNING: Location" || true
+fi
 WHEEL=$(ls "$WORK/dist-$tag"/torch_pjrt-*.whl)
 echo "packaging: $(basename "$WHEEL") ($(du -h "$WHEEL" | cut -f1))"
-"$V1/bin/python" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist()
+"$PY" -c "import sys, zipfile; names = zipfile.ZipFile(sys.argv[1]).namelist()
 assert 'torch_pjrt/_build_info.json' in names and any(n.startswith('torch_pjrt/_C') for n in names), names" "$WHEEL" \
   || { echo "packaging: the wheel lacks the extension or _build_info.json" >&2; exit 1; }
 V2="$WORK/venv-$tag-wheel"
