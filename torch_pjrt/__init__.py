@@ -40,7 +40,7 @@ from ._config import cache_dir_from_env, configure_from_env  # noqa: E402
 
 configure_from_env()
 
-from . import device_module  # noqa: E402
+from . import device_module, graphs  # noqa: E402
 
 torch._register_device_module(DEVICE_NAME, device_module)
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
@@ -81,9 +81,9 @@ from .modes import (  # noqa: E402
 
 def _cut_after_optimizer_step(optimizer: object, args: object, kwargs: object) -> None:
     # A training iteration ends here: fused mode runs what it recorded, so each
-    # iteration settles on the same cached programs. Inside torch.compile the
-    # step is part of a captured program: nothing to cut.
-    if not torch.compiler.is_compiling():
+    # iteration settles on the same cached programs. Inside torch.compile or a
+    # device graph the step is part of a captured program: nothing to cut.
+    if not torch.compiler.is_compiling() and not graphs.is_current_stream_capturing():
         _C._flush("optimizer_step")
 
 

@@ -2,7 +2,8 @@
 on later inputs of the same layout with no Python in between.
 
 The one place that drives the runtime's capture (torch.compile's graphs,
-_graph.py; the vLLM worker's steps, integrations/vllm_plugin/worker.py):
+_graph.py; the vLLM worker's steps, integrations/vllm_plugin/worker.py; device graphs,
+graphs.py):
 
     key = layout_key(inputs)                # 0: these inputs cannot key a program
     out = programs[key].run(inputs) if key in programs else None   # None: capture
@@ -42,21 +43,39 @@ class Captured(NamedTuple, Generic[T]):
     why: str  # why not, when graph is None
 
 
+def begin(device: int) -> None:
+    """Starts recording on `device` (what is pending runs first): the ops that follow run
+    as usual and are recorded, until end() or abort()."""
+    _C._capture_begin(device)
+
+
+def abort(device: int) -> None:
+    """Stops recording after an error; what was recorded still runs."""
+    _C._capture_abort(device)
+
+
+def end(device: int, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor | None],
+        constants: Sequence[torch.Tensor]) -> tuple[CompiledGraph | None, str]:
+    """Makes one program of what was recorded: parameters `inputs`, results `outputs` (None
+    for a non-tensor output), `constants` the tensors it may read and write besides its
+    inputs (weights; a device graph's static tensors). (None, why) when it is not one."""
+    return _C._capture_end(device, list(inputs), list(outputs), list(constants))
+
+
 def capture(device: int, record: Callable[[], T], inputs: Sequence[torch.Tensor],
             outputs: Callable[[T], Sequence[torch.Tensor | None]],
             constants: Sequence[torch.Tensor]) -> Captured[T]:
     """Runs `record` with capture on for `device` (its ops run as usual, and are recorded),
-    then makes one program of them: parameters `inputs`, results ``outputs(result)`` (None
-    for a non-tensor output), and `constants` the tensors it may read besides its inputs
-    (weights). An exception in `record` ends the capture and propagates."""
-    _C._capture_begin(device)
+    then makes one program of them (end()). An exception in `record` ends the capture and
+    propagates."""
+    begin(device)
     try:
         result = record()
     except BaseException:
-        _C._capture_abort(device)
+        abort(device)
         raise
-    graph, why = _C._capture_end(device, list(inputs), list(outputs(result)), list(constants))
+    graph, why = end(device, inputs, outputs(result), constants)
     return Captured(result, graph, why)
 
 
-__all__ = ["CompiledGraph", "Captured", "capture", "layout_key"]
+__all__ = ["CompiledGraph", "Captured", "abort", "begin", "capture", "end", "layout_key"]

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import _C
+from .graphs import Graph, MemPool, graph, graph_pool_handle, is_current_stream_capturing, use_mem_pool  # noqa: F401
 
 _initial_seeds: dict[int, int] = {}
 _NAME = torch._C._get_privateuse1_backend_name()  # renamed by torch_pjrt before this import

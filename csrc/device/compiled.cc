@@ -111,7 +111,7 @@ std::shared_ptr<CompiledGraph> CompiledGraph::finish(int device, const std::vect
   for (const auto& c : constants) {
     if (StorageState* st = state_of(c)) {
       fixed.insert(st);
-      g->constants_.push_back(c);
+      g->constants_.push_back(c.storage());
     }
   }
   auto bind = [&](executor::Storage* s, Binding* b) {

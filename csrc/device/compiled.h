@@ -73,7 +73,7 @@ class CompiledGraph {
   std::vector<size_t> fresh_nbytes_;
   std::vector<Output> outputs_;
   at::Generator generator_;            // keeps the generator state alive
-  std::vector<at::Tensor> constants_;  // keeps constants' storages alive
+  std::vector<c10::Storage> constants_;  // keeps constants' storages alive (a tensor's may be swapped: set_data)
 };
 
 }  // namespace torch_pjrt::device

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub
@@ -89,7 +90,8 @@ def _unwrapped(optimizer: Any) -> torch.optim.Optimizer:
     return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer
 
 
-def judge_trainer_steps(trainer: transformers.Trainer, recorder: StepRecorder) -> differential.Comparison:
+def judge_trainer_steps(trainer: transformers.Trainer, recorder: StepRecorder,
+                        make_model: Callable[[], torch.nn.Module] = make_llama) -> differential.Comparison:
     """Each step the Trainer took on the device, replayed on the CPU from the device's own state
     in float64 and float32 (torch_pjrt.qualify.differential): loss, every gradient and every
     parameter within 16x float32's own distance to float64 (plus 16 ulps)."""
@@ -109,7 +111,7 @@ def judge_trainer_steps(trainer: transformers.Trainer, recorder: StepRecorder) -
     def loss(m: torch.nn.Module, batch: tuple[Any, ...]) -> torch.Tensor:
         return m(**dict(zip(keys, batch))).loss
 
-    problem = differential.Problem(make_llama, batches, loss, make_optimizer, len(batches))
+    problem = differential.Problem(make_model, batches, loss, make_optimizer, len(batches))
     result = differential.Comparison()
     before = recorder.initial
     for step, after in enumerate(recorder.states):

@@ -52,3 +52,10 @@ def _max_memory(integration: ModuleType) -> None:
     import accelerate.utils.modeling
 
     integration.accelerate_max_memory = accelerate.utils.modeling.get_max_memory
+
+
+@patch("transformers.device_graphs", "transformers.generation.continuous_batching.utils", "transformers", TESTED,
+       "continuous batching looks up the graph class by device type in a table of 'cuda' and 'xpu' only: "
+       "on pjrt it ran every step op by op")
+def _device_graphs(utils: ModuleType) -> None:
+    utils.DEVICE_TYPE_TO_GRAPH_NAME.setdefault(DEVICE, "Graph")
