@@ -6,7 +6,8 @@ TorchTrainer's process group is gloo unless a GPU or TPU was scheduled. A pjrt d
 is none of those resources, so ``ray.train.torch.get_device()`` said ``cpu``,
 ``prepare_model`` left the model there and the workers trained on the CPU. These
 patches make pjrt the device of a worker with no accelerator resource where pjrt is
-this process's accelerator, and its process group ``cpu:gloo,<device>:pjrt``.
+this process's accelerator, and its process group ``cpu:gloo,<device>:pjrt`` (Ray Train's
+v2 TorchTrainer, the default in Ray 2.60; the v1 trainer is untested).
 """
 
 from __future__ import annotations
@@ -59,20 +60,37 @@ def _device_manager(managers: ModuleType) -> None:
     PjrtTorchDeviceManager.__module__ = __name__
     managers.DEFAULT_TORCH_DEVICE_MANAGER_CLS = PjrtTorchDeviceManager  # read at each lookup
     globals()["PjrtTorchDeviceManager"] = PjrtTorchDeviceManager
+    by_type = managers.get_torch_device_manager_by_device_type
+
+    def get_torch_device_manager_by_device_type(device_type: str) -> Any:
+        return PjrtTorchDeviceManager() if device_type == DEVICE else by_type(device_type)
+
+    managers.get_torch_device_manager_by_device_type = get_torch_device_manager_by_device_type
 
 
-@patch("ray.torch_backend", "ray.train.torch.config", "ray", TESTED,
-       "TorchTrainer's process group is gloo unless a GPU or TPU was scheduled: DDP on pjrt tensors needs the "
-       "pjrt backend")
-def _torch_backend(config: ModuleType) -> None:
-    cls = config._TorchBackend
-    original = cls.on_start
+@patch("ray.device_manager_by_type", "ray.train.torch.train_loop_utils", "ray", TESTED,
+       "prepare_data_loader asks for a device manager by the device's type, which raised "
+       "'Device type pjrt cannot be recognized' (this module holds its own reference to the lookup)")
+def _device_manager_by_type(loop_utils: ModuleType) -> None:
+    import ray.air._internal.device_manager as managers
 
-    def on_start(self: Any, worker_group: Any, backend_config: Any) -> Any:
-        resources = worker_group.get_resources_per_worker()
-        if (backend_config.backend is None and not resources.get("GPU", 0) and not resources.get("TPU", 0)
-                and device_active()):
-            backend_config = dataclasses.replace(backend_config, backend=DEFAULT_BACKEND)
-        return original(self, worker_group, backend_config)
+    loop_utils.get_torch_device_manager_by_device_type = managers.get_torch_device_manager_by_device_type
 
-    cls.on_start = on_start
+
+@patch("ray.torch_backend", "ray.train.v2.torch.torch_trainer", "ray", TESTED,
+       "TorchTrainer sets the process group to gloo unless use_gpu or use_tpu: DDP on pjrt tensors failed with "
+       "'No backend type associated with device type pjrt'")
+def _torch_backend(trainer: ModuleType) -> None:
+    cls = trainer.TorchTrainer
+    original = cls.__init__
+
+    def __init__(self: Any, train_loop_per_worker: Any, *, torch_config: Any = None, scaling_config: Any = None,
+                 **kwargs: Any) -> None:
+        accelerated = scaling_config is not None and (scaling_config.use_gpu or getattr(scaling_config, "use_tpu", False))
+        if (torch_config is None or not torch_config.backend) and not accelerated and device_active():
+            from ray.train.torch.config import TorchConfig
+
+            torch_config = dataclasses.replace(torch_config or TorchConfig(), backend=DEFAULT_BACKEND)
+        original(self, train_loop_per_worker, torch_config=torch_config, scaling_config=scaling_config, **kwargs)
+
+    cls.__init__ = __init__
