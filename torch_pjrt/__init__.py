@@ -42,7 +42,10 @@ configure_from_env()
 
 from . import device_module, graphs  # noqa: E402
 
-torch._register_device_module(DEVICE_NAME, device_module)
+torch._register_device_module(DEVICE_NAME, device_module)  # also sys.modules["torch.<device>"]
+# Named as torch.cuda is: libraries read the device type from the device module's name
+# (transformers' graph lookup takes its last component).
+device_module.__name__ = f"torch.{DEVICE_NAME}"
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
 from . import _dispatch_fixes, autocast  # noqa: E402

@@ -181,3 +181,36 @@ def test_a_weight_replaced_after_capture_does_not_break_the_replay() -> None:
     model.to("cpu").to(DEVICE)  # every parameter gets a new storage (param.data = ...)
     g.replay()  # the program keeps the storages it was captured with, as a CUDA graph keeps its addresses
     torch.testing.assert_close(out.cpu(), expected)
+
+
+def test_transformers_continuous_batching_replays_device_graphs_and_equals_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    transformers = pytest.importorskip("transformers")
+    import serving_models  # tests/python on sys.path via conftest
+
+    torch.manual_seed(0)
+    tokenizer = serving_models._tokenizer()
+    config = transformers.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                      max_position_embeddings=256, initializer_range=serving_models.INIT_RANGE,
+                                      eos_token_id=0, pad_token_id=1)
+    model = transformers.LlamaForCausalLM(config).eval()
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(2, len(tokenizer), (int(n),), generator=gen).tolist() for n in (5, 9, 17, 3)]
+    generation = transformers.GenerationConfig(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=1)
+
+    def run(graphs: bool) -> dict[str, list[int]]:
+        # The paged cache sized explicitly: on the CPU plugin the device's memory is the host's.
+        batching = transformers.ContinuousBatchingConfig(num_blocks=16, page_size=16, max_batch_tokens=64,
+                                                         use_cuda_graph=graphs)
+        out = model.generate_batch(prompts, generation_config=generation, continuous_batching_config=batching)
+        return {k: v.generated_tokens for k, v in out.items()}
+
+    expected = run(False)
+    model.to(DEVICE)
+    replays = []
+    original = dev.Graph.replay
+    monkeypatch.setattr(dev.Graph, "replay", lambda self: (replays.append(self), original(self))[1])
+    with torch_pjrt.fallback_mode("error"):
+        got = run(True)
+    assert got == expected
+    assert len(replays) >= 4, len(replays)  # the decode steps ran as replays of captured programs

@@ -59,3 +59,21 @@ def _max_memory(integration: ModuleType) -> None:
        "on pjrt it ran every step op by op")
 def _device_graphs(utils: ModuleType) -> None:
     utils.DEVICE_TYPE_TO_GRAPH_NAME.setdefault(DEVICE, "Graph")
+
+
+@patch("transformers.cache_memory", "transformers.generation.continuous_batching.utils", "transformers", TESTED,
+       "continuous batching sizes its paged cache from CUDA's, XPU's or MPS's memory figures, else the host's: "
+       "on pjrt it took the host's and put that many bytes on the device")
+def _cache_memory(utils: ModuleType) -> None:
+    original = utils.get_device_and_memory_breakdown
+
+    def get_device_and_memory_breakdown() -> tuple[torch.device, int, int, int]:
+        device_module = getattr(torch, DEVICE)
+        if not device_active() or torch.cuda.is_available():
+            return original()
+        device = torch.device(DEVICE, device_module.current_device())
+        device_module.synchronize()
+        free, total = device_module.mem_get_info(device)
+        return device, total, device_module.memory_reserved(device), total - free
+
+    utils.get_device_and_memory_breakdown = get_device_and_memory_breakdown
