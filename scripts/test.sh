@@ -21,9 +21,10 @@ fi
 # The rest runs as four jobs side by side, each logging to its own file (shown whole, with its
 # time, when all are done): no one of them keeps both cores busy alone (pytest runs one
 # process; packaging and the upstream slice wait on pip and on subprocesses).
-#  - the qualification slice, the packaging check, then a slice of PyTorch's own test files;
-#  - the strict pass in two shards: the tests that run models, servers and worker processes,
-#    and the rest;
+#  - the qualification slice, the packaging check, a slice of PyTorch's own test files, then
+#    the training-stack tests of Lightning, PEFT/TRL and Ray (strict);
+#  - the rest of the strict pass in two shards: the tests that run models, servers and worker
+#    processes, and the rest;
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
 #    not depend on the eager mode (compiled model training and generation, debug mode).
 LOGS=$(mktemp -d)
@@ -40,7 +41,7 @@ for d in "${WANTED[@]}"; do
     section "PyTorch's own test files from $d: NOT RUN, no such directory (set TORCH_PJRT_UPSTREAM_DIR to PyTorch's test/)"
   fi
 done
-qualify_packaging_upstream() {
+qualify_packaging_upstream_stacks() {
   echo "== Plugin qualification (slice)"
   .venv/bin/python -m torch_pjrt.qualify --only kernels,buffers,training.embedding-head.sgd.,training.mlp.adamw.,\
 training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,training.hf-llama.adamw-fused. \
@@ -49,12 +50,17 @@ training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,t
   # The wheel, from setup.sh's build (no second from-scratch build: scripts/test_packaging.sh
   # without --reuse-build does that, in a new venv), installed into a new venv that holds torch.
   bash scripts/test_packaging.sh --reuse-build || return
-  [ ${#UPSTREAM[@]} -gt 0 ] || return 0
-  # A fixed, evenly spread sample of each file plus every test the spec names: a new
-  # failure or an expected failure that starts passing turns this red. The full run is
-  # scripts/upstream.sh.
-  echo "== PyTorch's own test files (slice; from ${UPSTREAM[*]}) ($((SECONDS - start))s into this job)"
-  .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" --jobs 2
+  if [ ${#UPSTREAM[@]} -gt 0 ]; then
+    # A fixed, evenly spread sample of each file plus every test the spec names: a new
+    # failure or an expected failure that starts passing turns this red. The full run is
+    # scripts/upstream.sh.
+    echo "== PyTorch's own test files (slice; from ${UPSTREAM[*]}) ($((SECONDS - start))s into this job)"
+    .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" \
+      --jobs 2 || return
+  fi
+  echo "== Strict eager: the training-stack tests of Lightning, PEFT/TRL and Ray ($((SECONDS - start))s into this job)"
+  # shellcheck disable=SC2086
+  TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" $STACKS
 }
 HEAVY=""
 # (Balanced by the last run's times: each shard about 24 minutes beside the other jobs.)
@@ -62,15 +68,18 @@ for t in zoo serving_vllm stacks_titan stacks_hf distributed qualify compile doc
          pretrained hf models training flex_attention; do
   HEAVY="$HEAVY tests/python/test_$t.py"
 done
+# The third part of the strict pass, after the upstream slice in the first job (that job ends first).
+STACKS=""
+for t in stacks_lightning stacks_peft_trl stacks_ray; do STACKS="$STACKS tests/python/test_$t.py"; done
 IGNORE=""
-for f in $HEAVY; do IGNORE="$IGNORE --ignore=$f"; done
+for f in $HEAVY $STACKS; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""
-for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf; do
+for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf graphs; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
 section "Qualification slice + packaging + upstream slice, strict eager (two shards) and fused eager, side by side (logs: $LOGS)"
-job qualify-packaging-upstream qualify_packaging_upstream
+job qualify-packaging-upstream-stacks qualify_packaging_upstream_stacks
 # shellcheck disable=SC2086
 job strict-models env TORCH_PJRT_EAGER_MODE=strict TORCH_PJRT_TEST_SLOWDOWN=2 "${PYTEST[@]}" $HEAVY
 # shellcheck disable=SC2086
@@ -81,7 +90,7 @@ job fused env TORCH_PJRT_EAGER_MODE=fused "${PYTEST[@]}" $FUSED \
 and not test_hf_compiled_training and not test_static_cache_generation"
 wait
 FAILED=()
-for name in qualify-packaging-upstream strict-models strict-ops fused; do
+for name in qualify-packaging-upstream-stacks strict-models strict-ops fused; do
   read -r rc took < "$LOGS/$name.status"
   section "$name: exit $rc after ${took}s"
   cat "$LOGS/$name.log"

@@ -11,11 +11,6 @@ namespace {
 
 int64_t rank_of(Builder& b, Value v) { return b.type(v).rank(); }
 
-std::vector<int64_t> batch_of(Builder& b, Value v) {
-  const auto& d = b.dims(v);
-  return std::vector<int64_t>(d.begin(), d.end() - 2);
-}
-
 // Mask [..., m, n] comparing (col - row) with k.
 Value band_mask(Builder& b, const std::vector<int64_t>& dims, int64_t k, const std::string& direction) {
   int64_t r = static_cast<int64_t>(dims.size());
