@@ -8,8 +8,12 @@ side by side in one run (figures for the README's "Training stacks" section).
   tokens/s as TorchTitan logs them, mean over the steps after the first two, for one
   CPU process and one pjrt process (eager and --compile), and for 2 pjrt ranks with
   FSDP2 (eager and --compile).
+- PyTorch Lightning (Trainer() with no device argument against accelerator="cpu"), PEFT LoRA
+  through the Trainer, TRL SFTTrainer with a LoRA config, and Ray Train's TorchTrainer with two
+  workers: steps/s on pjrt (strict) and on the CPU, the same Llama where a model is trained
+  (Ray: the tests' small classifier, batches of 256), each timed step ending in a device sync.
 
-    .venv/bin/python benchmarks/bench_stacks.py [--json FILE]
+    .venv/bin/python benchmarks/bench_stacks.py [--json FILE] [--only trainer,titan,lightning,peft,trl,ray]
 """
 
 from __future__ import annotations
@@ -63,6 +67,112 @@ print(json.dumps(laps.per_second({WARMUP})))
     return float(out.stdout.strip().splitlines()[-1])
 
 
+_LLAMA = f"""
+import os, sys, json, tempfile
+sys.path.insert(0, {TESTS!r})
+import torch, transformers
+from torch_pjrt.bench import Laps
+cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=688, num_hidden_layers=4,
+                               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=256)
+torch.manual_seed(0)
+model = transformers.LlamaForCausalLM(cfg)
+laps = Laps()
+class Data(torch.utils.data.Dataset):
+    def __len__(self): return 10_000
+    def __getitem__(self, i):
+        ids = torch.randint(0, 512, (128,), generator=torch.Generator().manual_seed(i))
+        return {{"input_ids": ids, "labels": ids}}
+"""
+
+# Each snippet trains WARMUP + TIMED steps on the CPU when CPU is True, else on pjrt with
+# nothing said about the device, and prints the steps/s after the warm-up.
+_SNIPPETS = {
+    "lightning": """
+import pytorch_lightning as pl
+class Module(pl.LightningModule):
+    def __init__(self): super().__init__(); self.model = model
+    def training_step(self, batch, i): return self.model(**batch).loss
+    def configure_optimizers(self): return torch.optim.AdamW(self.parameters(), lr=1e-4)
+class Clock(pl.Callback):
+    def on_train_batch_end(self, trainer, *a): laps.lap(trainer.strategy.root_device.type)
+extra = {"accelerator": "cpu"} if CPU else {}
+pl.Trainer(max_steps=STEPS, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+           enable_model_summary=False, callbacks=[Clock()], **extra).fit(
+    Module(), torch.utils.data.DataLoader(Data(), batch_size=8))
+""",
+    "peft": """
+import peft
+model = peft.get_peft_model(model, peft.LoraConfig(r=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+class Clock(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kw): laps.lap(args.device.type)
+args = transformers.TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8, max_steps=STEPS,
+    learning_rate=1e-4, report_to=[], save_strategy="no", logging_steps=1000, disable_tqdm=True, use_cpu=CPU)
+transformers.Trainer(model=model, args=args, train_dataset=Data(), callbacks=[Clock()]).train()
+""",
+    "trl": """
+import datasets, peft, trl, serving_models
+tok = serving_models._tokenizer()
+words = serving_models._TEXT.split()
+texts = [" ".join(words[(7 * i + j) % len(words)] for j in range(100)) for i in range(400)]
+class Clock(transformers.TrainerCallback):
+    def on_step_end(self, args, state, control, **kw): laps.lap(args.device.type)
+args = trl.SFTConfig(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=8, max_steps=STEPS, max_length=128,
+    learning_rate=1e-4, report_to=[], save_strategy="no", logging_steps=1000, disable_tqdm=True, use_cpu=CPU)
+trl.SFTTrainer(model=model, args=args, train_dataset=datasets.Dataset.from_dict({"text": texts}),
+               processing_class=tok, peft_config=peft.LoraConfig(r=16, target_modules=["q_proj", "v_proj"]),
+               callbacks=[Clock()]).train()
+""",
+}
+
+
+def stack_steps_per_second(stack: str, cpu: bool) -> float:
+    code = (_LLAMA + f"CPU = {cpu}\nSTEPS = {WARMUP + TIMED}\n" + _SNIPPETS[stack]
+            + f"print(json.dumps(laps.per_second({WARMUP})))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                         env=dict(os.environ, HF_HUB_OFFLINE="1", TORCH_PJRT_EAGER_MODE="strict"))
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+_RAY = """
+import json, os, sys, tempfile, time
+import ray, ray.train, ray.train.torch, torch
+def loop(config):
+    sys.path.insert(0, config["tests"])
+    import small_classifier as sc
+    model = ray.train.torch.prepare_model(sc.make_net())
+    data = torch.utils.data.TensorDataset(torch.randn(100_000, sc.FEATURES), torch.randint(0, sc.CLASSES, (100_000,)))
+    loader = ray.train.torch.prepare_data_loader(torch.utils.data.DataLoader(data, batch_size=256))
+    opt = sc.make_optimizer(model.parameters())
+    stamps = []
+    for step, (x, y) in enumerate(loader):
+        if step == config["steps"]:
+            break
+        opt.zero_grad(); torch.nn.functional.cross_entropy(model(x), y).backward(); opt.step()
+        if x.device.type != "cpu":
+            getattr(torch, x.device.type).synchronize()  # a real device sync ends each timed step
+        stamps.append(time.perf_counter())
+    ray.train.report({"steps_per_s": (len(stamps) - config["warmup"]) / (stamps[-1] - stamps[config["warmup"] - 1])})
+ray.init(num_cpus=4, include_dashboard=False, runtime_env={"env_vars": ENV})
+result = ray.train.torch.TorchTrainer(loop, train_loop_config={"tests": TESTS, "steps": STEPS, "warmup": WARMUP},
+    scaling_config=ray.train.ScalingConfig(num_workers=2),
+    run_config=ray.train.RunConfig(storage_path=tempfile.mkdtemp())).fit()
+print(json.dumps(result.metrics["steps_per_s"]))
+"""
+
+
+def ray_steps_per_second(cpu: bool) -> float:
+    """Two workers; on the CPU with torch_pjrt not loaded in the workers (Ray's own CPU path)."""
+    env = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"} if cpu else {}
+    code = (f"ENV = {env!r}\nTESTS = {TESTS!r}\nSTEPS = {WARMUP + 3 * TIMED}\nWARMUP = {WARMUP}\n" + _RAY)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1800,
+                         env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0", TORCH_PJRT_EAGER_MODE="strict", **env))
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,11 +209,27 @@ def titan_tokens_per_second(work: str, name: str, nproc: int, cpu: bool, compile
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--only", default="trainer,titan,lightning,peft,trl,ray", help="comma-separated stacks")
     args = parser.parse_args()
-    figures: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "trainer_steps_per_s": {}, "titan_tokens_per_s": {}}
-    for mode in ("cpu", "strict", "fused", "bf16"):
-        figures["trainer_steps_per_s"][mode] = trainer_steps_per_second(mode)
-        print(f"Trainer {mode:7s} {figures['trainer_steps_per_s'][mode]:.2f} steps/s", flush=True)
+    only = set(args.only.split(","))
+    figures: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "trainer_steps_per_s": {}, "titan_tokens_per_s": {},
+                               "steps_per_s": {}}
+    for stack in ("lightning", "peft", "trl", "ray"):
+        if stack not in only:
+            continue
+        for where, cpu in (("cpu", True), ("pjrt", False)):
+            rate = ray_steps_per_second(cpu) if stack == "ray" else stack_steps_per_second(stack, cpu)
+            figures["steps_per_s"].setdefault(stack, {})[where] = rate
+            print(f"{stack:9s} {where:5s} {rate:.2f} steps/s", flush=True)
+    if "trainer" in only:
+        for mode in ("cpu", "strict", "fused", "bf16"):
+            figures["trainer_steps_per_s"][mode] = trainer_steps_per_second(mode)
+            print(f"Trainer {mode:7s} {figures['trainer_steps_per_s'][mode]:.2f} steps/s", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(figures, f, indent=1)
+    if "titan" not in only:
+        return
     work = tempfile.mkdtemp()
     subprocess.run([sys.executable, os.path.join(TESTS, "titan_run.py"), "--make-assets",
                     os.path.join(work, "assets")], check=True)

@@ -22,11 +22,12 @@ fi
 # time, when all are done): no one of them keeps both cores busy alone (pytest runs one
 # process; packaging and the upstream slice wait on pip and on subprocesses).
 #  - the qualification slice, the packaging check, a slice of PyTorch's own test files, then
-#    the training-stack tests of Lightning, PEFT/TRL and Ray (strict);
-#  - the rest of the strict pass in two shards: the tests that run models, servers and worker
+#    part of the strict pass (Lightning, PEFT/TRL, the qualification battery's tests);
+#  - most of the strict pass in two shards: the tests that run models, servers and worker
 #    processes, and the rest;
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
-#    not depend on the eager mode (compiled model training and generation, debug mode).
+#    not depend on the eager mode (compiled model training and generation, debug mode); then
+#    the last part of the strict pass (Ray, the upstream runner's tests).
 LOGS=$(mktemp -d)
 job() {  # job NAME COMMAND...: runs in the background, its output and exit status under $LOGS
   local name=$1
@@ -55,42 +56,50 @@ training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,t
     # failure or an expected failure that starts passing turns this red. The full run is
     # scripts/upstream.sh.
     echo "== PyTorch's own test files (slice; from ${UPSTREAM[*]}) ($((SECONDS - start))s into this job)"
-    .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-12}" \
+    .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-8}" \
       --jobs 2 || return
   fi
-  echo "== Strict eager: the training-stack tests of Lightning, PEFT/TRL and Ray ($((SECONDS - start))s into this job)"
+  echo "== Strict eager: $STRICT_FIRST ($((SECONDS - start))s into this job)"
   # shellcheck disable=SC2086
-  TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" $STACKS
+  TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" $STRICT_FIRST
+}
+fused_then_strict() {
+  # shellcheck disable=SC2086
+  TORCH_PJRT_EAGER_MODE=fused "${PYTEST[@]}" $FUSED -k "not (test_gpt_trains_like_cpu and compiled) and not \
+(test_cnn_trains_like_cpu and compiled) and not debug_mode and not test_hf_compiled_training and not \
+test_static_cache_generation" || return
+  echo "== Strict eager: $STRICT_LAST ($((SECONDS - start))s into this job)"
+  # shellcheck disable=SC2086
+  TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" $STRICT_LAST
 }
 HEAVY=""
 # (Balanced by the last run's times: each shard about 24 minutes beside the other jobs.)
-for t in zoo serving_vllm stacks_titan stacks_hf distributed qualify compile doctor registration integrations \
+for t in zoo serving_vllm stacks_titan stacks_hf distributed compile doctor registration integrations \
          pretrained hf models training flex_attention; do
   HEAVY="$HEAVY tests/python/test_$t.py"
 done
-# The third part of the strict pass, after the upstream slice in the first job (that job ends first).
-STACKS=""
-for t in stacks_lightning stacks_peft_trl stacks_ray; do STACKS="$STACKS tests/python/test_$t.py"; done
+# Two more parts of the strict pass, balancing the jobs by the last run's times: after the
+# upstream slice in the first job, and after the fused pass.
+STRICT_FIRST="tests/python/test_stacks_lightning.py tests/python/test_stacks_peft_trl.py tests/python/test_qualify.py"
+STRICT_LAST="tests/python/test_stacks_ray.py tests/python/test_upstream_runner.py"
 IGNORE=""
-for f in $HEAVY $STACKS; do IGNORE="$IGNORE --ignore=$f"; done
+for f in $HEAVY $STRICT_FIRST $STRICT_LAST; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""
 for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf graphs; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
-section "Qualification slice + packaging + upstream slice, strict eager (two shards) and fused eager, side by side (logs: $LOGS)"
+section "Four jobs side by side (logs: $LOGS)"
 job qualify-packaging-upstream-stacks qualify_packaging_upstream_stacks
 # shellcheck disable=SC2086
 job strict-models env TORCH_PJRT_EAGER_MODE=strict TORCH_PJRT_TEST_SLOWDOWN=2 "${PYTEST[@]}" $HEAVY
 # shellcheck disable=SC2086
 job strict-ops env TORCH_PJRT_EAGER_MODE=strict "${PYTEST[@]}" tests/python $IGNORE
 # shellcheck disable=SC2086
-job fused env TORCH_PJRT_EAGER_MODE=fused "${PYTEST[@]}" $FUSED \
-  -k "not (test_gpt_trains_like_cpu and compiled) and not (test_cnn_trains_like_cpu and compiled) and not debug_mode \
-and not test_hf_compiled_training and not test_static_cache_generation"
+job fused-then-strict fused_then_strict
 wait
 FAILED=()
-for name in qualify-packaging-upstream-stacks strict-models strict-ops fused; do
+for name in qualify-packaging-upstream-stacks strict-models strict-ops fused-then-strict; do
   read -r rc took < "$LOGS/$name.status"
   section "$name: exit $rc after ${took}s"
   cat "$LOGS/$name.log"
