@@ -27,7 +27,7 @@ fi
 #    processes, and the rest;
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
 #    not depend on the eager mode (compiled model training and generation, debug mode); then
-#    the last part of the strict pass (Ray, the upstream runner's tests).
+#    the last part of the strict pass (Ray Train).
 LOGS=$(mktemp -d)
 job() {  # job NAME COMMAND...: runs in the background, its output and exit status under $LOGS
   local name=$1
@@ -81,7 +81,7 @@ done
 # Two more parts of the strict pass, balancing the jobs by the last run's times: after the
 # upstream slice in the first job, and after the fused pass.
 STRICT_FIRST="tests/python/test_stacks_lightning.py tests/python/test_stacks_peft_trl.py tests/python/test_qualify.py"
-STRICT_LAST="tests/python/test_stacks_ray.py tests/python/test_upstream_runner.py"
+STRICT_LAST="tests/python/test_stacks_ray.py"
 IGNORE=""
 for f in $HEAVY $STRICT_FIRST $STRICT_LAST; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""
