@@ -85,8 +85,10 @@ class _Tensors(TorchDispatchMode):
 
     def _note(self, value: Any) -> None:
         for t in tree_flatten(value)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == DEVICE and id(t) not in self.seen:
-                self.seen[id(t)] = weakref.ref(t)
+            if isinstance(t, torch.Tensor) and t.device.type == DEVICE:
+                held = self.seen.get(id(t))
+                if held is None or held() is not t:  # an id is reused once its tensor has died
+                    self.seen[id(t)] = weakref.ref(t)
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

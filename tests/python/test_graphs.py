@@ -48,6 +48,21 @@ def test_a_captured_forward_replays_on_new_inputs_like_cpu() -> None:
     assert g.replays == 3
 
 
+def test_tensors_made_after_others_died_in_the_region_are_static_too() -> None:
+    x = torch.ones(4, device=DEVICE)
+    g = dev.Graph()
+    kept = []
+    with torch.no_grad(), dev.graph(g):
+        for i in range(200):
+            t = x * float(i)  # freed at the next iteration: Python reuses its id for a later tensor
+            if i % 20 == 0:
+                kept.append(x + float(i))
+    x.fill_(2)
+    g.replay()
+    assert [k.cpu().tolist() for k in kept] == [[2.0 + i] * 4 for i in range(0, 200, 20)]
+    del t
+
+
 def test_a_captured_training_step_replays_every_step_like_cpu() -> None:
     cpu = _net()
     model = copy.deepcopy(cpu).to(DEVICE)
