@@ -68,11 +68,21 @@ def patches() -> list[Patch]:
     return list(_PATCHES)
 
 
+# The process group libraries should ask for: collectives on CPU tensors (gather_object,
+# broadcast_object_list) go through gloo, the device's through pjrt.
+DEFAULT_BACKEND = f"cpu:gloo,{DEVICE}:pjrt"
+
+
+def device_module() -> ModuleType:
+    """torch.<device>: the device module libraries call as they call torch.cuda."""
+    return getattr(torch, DEVICE)
+
+
 def device_active() -> bool:
     """True when torch's current accelerator is this device and it has devices:
     the condition every patch checks before changing a library's choice."""
     accelerator = torch.accelerator.current_accelerator()
-    return accelerator is not None and accelerator.type == DEVICE and getattr(torch, DEVICE).is_available()
+    return accelerator is not None and accelerator.type == DEVICE and device_module().is_available()
 
 
 def _version_key(version: str) -> tuple[int, ...]:

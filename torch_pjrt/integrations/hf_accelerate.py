@@ -18,19 +18,13 @@ from typing import Any
 
 import torch
 
-from . import DEVICE, apply_pending, device_active, patch
+from . import DEFAULT_BACKEND, DEVICE, apply_pending, device_active, device_module, patch
 
 TESTED = ("1.15.0", "1.16.0")
-# Collectives on CPU tensors (gather_object, broadcast_object_list) go through gloo.
-DEFAULT_BACKEND = f"cpu:gloo,{DEVICE}:pjrt"
 
 
 def _ours(backend: str | None) -> bool:
     return backend is None or "pjrt" in backend or backend == f"{DEVICE}_dist"
-
-
-def _device_module() -> Any:
-    return getattr(torch, DEVICE)
 
 
 @patch("accelerate.default_device", "accelerate.state", "accelerate", TESTED,
@@ -42,7 +36,7 @@ def _default_device(state: ModuleType) -> None:
     def default_device(self: Any) -> torch.device:
         apply_pending()  # accelerate.accelerator, if it was mid-import when torch_pjrt loaded
         if device_active():
-            return torch.device(DEVICE, _device_module().current_device())
+            return torch.device(DEVICE, device_module().current_device())
         return original.fget(self)
 
     state.PartialState.default_device = property(default_device, doc=original.__doc__)
@@ -75,7 +69,7 @@ def _set_device(state: ModuleType) -> None:
     def set_device(self: Any) -> None:
         if (self.device is None and self.distributed_type == state.DistributedType.MULTI_XPU
                 and self.backend is not None and _ours(self.backend) and device_active()):
-            module = _device_module()
+            module = device_module()
             self.device = torch.device(DEVICE, self.local_process_index % module.device_count())
             module.set_device(self.device.index)
             return
@@ -118,7 +112,7 @@ def _ddp_device_ids(accelerator: ModuleType) -> None:
 def _max_memory() -> dict[int | str, int]:
     import psutil
 
-    module = _device_module()
+    module = device_module()
     memory: dict[int | str, int] = {}
     integrated = False
     for index in range(module.device_count()):
@@ -155,7 +149,7 @@ def _launch_processes(launch: ModuleType) -> None:
         flags = ("multi_gpu", "cpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
         ours = device_active() and not configured and not any(getattr(args, f, False) for f in flags)
         if ours and args.num_processes is None:
-            args.num_processes = _device_module().device_count()
+            args.num_processes = device_module().device_count()
         result = original(args)
         if ours and args.num_processes > 1:
             args.multi_gpu = True

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from . import DEVICE, device_active, patch
+from . import DEVICE, device_active, device_module, patch
 
 TESTED = ("5.23.0", "5.24.0")
 
@@ -20,7 +20,7 @@ def _bf16_available(training_args: ModuleType) -> None:
     original = training_args.is_torch_bf16_gpu_available
 
     def is_torch_bf16_gpu_available() -> bool:
-        return (device_active() and getattr(torch, DEVICE).is_bf16_supported()) or original()
+        return (device_active() and device_module().is_bf16_supported()) or original()
 
     training_args.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
 
@@ -68,12 +68,11 @@ def _cache_memory(utils: ModuleType) -> None:
     original = utils.get_device_and_memory_breakdown
 
     def get_device_and_memory_breakdown() -> tuple[torch.device, int, int, int]:
-        device_module = getattr(torch, DEVICE)
         if not device_active() or torch.cuda.is_available():
             return original()
-        device = torch.device(DEVICE, device_module.current_device())
-        device_module.synchronize()
-        free, total = device_module.mem_get_info(device)
-        return device, total, device_module.memory_reserved(device), total - free
+        device = torch.device(DEVICE, device_module().current_device())
+        device_module().synchronize()
+        free, total = device_module().mem_get_info(device)
+        return device, total, device_module().memory_reserved(device), total - free
 
     utils.get_device_and_memory_breakdown = get_device_and_memory_breakdown

@@ -17,15 +17,11 @@ from typing import Any
 
 import torch
 
-from . import DEVICE, device_active, patch
+from . import DEVICE, device_active, device_module, patch
 
 TESTED = ("2.6.0", "2.7.0")
 DISTRIBUTION = "pytorch-lightning"
 NAMES = tuple(dict.fromkeys((DEVICE, "pjrt")))  # what accelerator= accepts
-
-
-def _device_module() -> Any:
-    return getattr(torch, DEVICE)
 
 
 def _is_ours(accelerator: object) -> bool:
@@ -38,7 +34,7 @@ def parse_devices(devices: int | str | list[int] | tuple[int, ...]) -> list[int]
     """Lightning's `devices=`: a count (-1 or "auto": every device), "0,1", or indices. With
     more ranks than devices in a process (the CPU plugin: one device per process), rank i
     uses device i modulo the count, as the process group does under torchrun."""
-    count = _device_module().device_count()
+    count = device_module().device_count()
     if isinstance(devices, str):
         text = devices.strip()
         if text in ("auto", "-1"):
@@ -65,10 +61,10 @@ def _define_accelerator(base: type) -> type:
         def setup_device(self, device: torch.device) -> None:
             if device.type != DEVICE:
                 raise ValueError(f"torch_pjrt: the {DEVICE} accelerator was given the device {device}")
-            _device_module().set_device(device.index or 0)
+            device_module().set_device(device.index or 0)
 
         def get_device_stats(self, device: Any) -> dict[str, Any]:
-            return dict(_device_module().memory_stats(device))
+            return dict(device_module().memory_stats(device))
 
         def teardown(self) -> None:
             pass
@@ -79,16 +75,16 @@ def _define_accelerator(base: type) -> type:
 
         @staticmethod
         def get_parallel_devices(devices: Any) -> list[torch.device]:
-            count = max(1, _device_module().device_count())
+            count = max(1, device_module().device_count())
             return [torch.device(DEVICE, i % count) for i in parse_devices(devices)]
 
         @staticmethod
         def auto_device_count() -> int:
-            return _device_module().device_count()
+            return device_module().device_count()
 
         @staticmethod
         def is_available() -> bool:
-            return _device_module().is_available()
+            return device_module().is_available()
 
         @staticmethod
         def name() -> str:

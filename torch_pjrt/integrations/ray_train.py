@@ -20,14 +20,9 @@ from typing import Any
 
 import torch
 
-from . import DEVICE, device_active, patch
+from . import DEFAULT_BACKEND, DEVICE, device_active, device_module, patch
 
 TESTED = ("2.60.0", "2.61.0")
-DEFAULT_BACKEND = f"cpu:gloo,{DEVICE}:pjrt"
-
-
-def _device_module() -> Any:
-    return getattr(torch, DEVICE)
 
 
 @patch("ray.device_manager", "ray.air._internal.device_manager", "ray", TESTED,
@@ -45,14 +40,14 @@ def _device_manager(managers: ModuleType) -> None:
             self.device = torch.device("cpu")
             if device_active():
                 local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-                self.device = torch.device(DEVICE, local_rank % max(1, _device_module().device_count()))
+                self.device = torch.device(DEVICE, local_rank % max(1, device_module().device_count()))
 
         def get_devices(self) -> list[torch.device]:
             return [self.device]
 
         def set_device(self, device: torch.device | int | str | None) -> None:
             if device is not None and torch.device(device).type == DEVICE:
-                _device_module().set_device(torch.device(device).index or 0)
+                device_module().set_device(torch.device(device).index or 0)
 
         def get_stream_context(self, stream: Any) -> contextlib.AbstractContextManager[None]:
             return contextlib.nullcontext()
