@@ -27,7 +27,8 @@ NAMES = tuple(dict.fromkeys((DEVICE, "pjrt")))  # what accelerator= accepts
 def _is_ours(accelerator: object) -> bool:
     if isinstance(accelerator, str):
         return accelerator in NAMES
-    return getattr(type(accelerator), "__name__", "") == "PjrtAccelerator"
+    registered = globals().get("PjrtAccelerator")  # defined when Lightning's accelerators are imported
+    return registered is not None and isinstance(accelerator, registered)
 
 
 def parse_devices(devices: int | str | list[int] | tuple[int, ...]) -> list[int]:
