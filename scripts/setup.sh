@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up on a fresh machine: system tools, .venv with the CPU build of
-# torch 2.13, the XLA CPU PJRT plugin (which also ships the PJRT C API header),
+# torch 2.13 (TORCH_SPEC=torch==2.14.1 for the other release the project supports:
+# scripts/test_torch_release.sh), the XLA CPU PJRT plugin (which also ships the PJRT C API header),
 # then the extension through pip (setup.py: CMake and ninja, incremental) with the C++ tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +26,13 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 VPY="$ROOT/.venv/bin/python"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 # Pinned: a plain 'torch' would pull a multi-GB CUDA build. xla-cpu-pjrt carries the PJRT
 # C API header we build against (and stays selectable as a plugin: TORCH_PJRT_PLUGIN=xla-cpu-pjrt).
-if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, matplotlib, xla_plugins.xla_cpu_pjrt" 2>/dev/null; then
+if ! "$VPY" -c "import torch, numpy, pytest, pybind11, expecttest, matplotlib, xla_plugins.xla_cpu_pjrt
+assert torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}'" 2>/dev/null; then
   echo "setup: installing Python packages"
-  "$VPY" -m pip install -q --disable-pip-version-check torch==2.13.0 xla-cpu-pjrt==0.0.1 numpy pytest \
+  "$VPY" -m pip install -q --disable-pip-version-check "$TORCH_SPEC" xla-cpu-pjrt==0.0.1 numpy pytest \
     pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
 fi
 # The default CPU plugin (README, "Which CPU plugin").
@@ -67,7 +70,7 @@ assert m.version('pytorch-lightning') == '2.6.6' and m.version('peft') == '0.21.
 assert m.version('ray') == '2.60.0'" \
   2>/dev/null; then
   echo "setup: installing training-stack test packages"
-  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-stacks.txt torch==2.13.0 2>&1 \
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-stacks.txt "$TORCH_SPEC" 2>&1 \
     | grep -v "^WARNING: Location" || true
 fi
 

@@ -53,8 +53,14 @@ def _select_local_device() -> None:
 
 def _create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> object:
     _select_local_device()
+    return _make_backend(store, rank, size, timeout)
+
+
+def _make_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> object:
+    """A group's backend; its subgroups (c10d's split_group, which DeviceMesh uses when
+    init_process_group was given a device_id) are made the same way by their members."""
     host = dist.ProcessGroupGloo(dist.PrefixStore("pjrt_host/", store), rank, size, timeout)
-    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled())
+    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled(), _make_backend, timeout)
 
 
 def register() -> None:

@@ -1,7 +1,10 @@
 #include "distributed/process_group.h"
 
 #include <ATen/ATen.h>
+#include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -523,8 +526,27 @@ std::unique_ptr<Transport> make_host_transport(c10::intrusive_ptr<c10d::Backend>
   return std::make_unique<HostTransport>(std::move(host), rank, size);
 }
 
-ProcessGroupPjrt::ProcessGroupPjrt(std::unique_ptr<Transport> transport, int rank, int size, bool check)
-    : Backend(rank, size), transport_(std::move(transport)), check_(check) {}
+ProcessGroupPjrt::ProcessGroupPjrt(std::unique_ptr<Transport> transport, int rank, int size, bool check,
+                                   MakeSubgroup make_subgroup, std::chrono::milliseconds timeout)
+    : Backend(rank, size),
+      transport_(std::move(transport)),
+      check_(check),
+      make_subgroup_(std::move(make_subgroup)),
+      timeout_(timeout) {}
+
+c10::intrusive_ptr<c10d::Backend> ProcessGroupPjrt::split(const c10::intrusive_ptr<c10d::Store>& store,
+                                                          const std::vector<int>& ranks,
+                                                          const c10::intrusive_ptr<Options>& opts) {
+  TORCH_CHECK(make_subgroup_, "pjrt process group: this group cannot be split");
+  const auto me = std::find(ranks.begin(), ranks.end(), getRank());
+  if (me == ranks.end()) return nullptr;  // not in this split: c10d gives this rank no group
+  return make_subgroup_(store, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()),
+                        opts ? opts->timeout : timeout_);
+}
+
+c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupPjrt::getBackendOptions() {
+  return c10::make_intrusive<Options>("pjrt", timeout_);
+}
 
 ProcessGroupPjrt::~ProcessGroupPjrt() = default;
 
@@ -917,12 +939,19 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::barrier(const c10d::BarrierOpti
 void add_python_bindings(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<ProcessGroupPjrt, c10d::Backend, c10::intrusive_ptr<ProcessGroupPjrt>>(m, "_ProcessGroupPjrt")
-      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size, bool check) {
+      .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size, bool check,
+                       ProcessGroupPjrt::MakeSubgroup make_subgroup, std::chrono::milliseconds timeout) {
              TORCH_CHECK(host, "pjrt process group: no host backend");
-             return c10::make_intrusive<ProcessGroupPjrt>(make_host_transport(host, rank, size), rank, size, check);
+             return c10::make_intrusive<ProcessGroupPjrt>(make_host_transport(host, rank, size), rank, size, check,
+                                                          std::move(make_subgroup), timeout);
            }),
-           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("check") = true)
-      .def_property_readonly("transport", [](const ProcessGroupPjrt& pg) { return pg.transport_name(); });
+           py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("check") = true,
+           py::arg("make_subgroup") = ProcessGroupPjrt::MakeSubgroup{},
+           py::arg("timeout") = std::chrono::milliseconds(::kBackendDefaultTimeout))
+      .def_property_readonly("transport", [](const ProcessGroupPjrt& pg) { return pg.transport_name(); })
+      // What split_group deep-copies to pass back: torch's Options cannot be copied from
+      // Python, and without them c10d asks getBackendOptions() (a new object each time).
+      .def_property_readonly("options", [](const ProcessGroupPjrt&) { return py::none(); });
 }
 
 }  // namespace torch_pjrt::distributed

@@ -9,6 +9,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,13 +61,28 @@ std::unique_ptr<Transport> make_host_transport(c10::intrusive_ptr<c10d::Backend>
 
 class ProcessGroupPjrt final : public c10d::Backend {
  public:
+  // Makes the backend of a subgroup: (the subgroup's store, this rank's rank in
+  // it, its size, the timeout). Given by whoever builds the transports (Python).
+  using MakeSubgroup = std::function<c10::intrusive_ptr<c10d::Backend>(const c10::intrusive_ptr<c10d::Store>&, int,
+                                                                       int, std::chrono::milliseconds)>;
   // check: exchange a signature of every collective first (shapes, dtypes,
   // roots, reduce ops) so that a mismatch raises on every rank.
-  ProcessGroupPjrt(std::unique_ptr<Transport> transport, int rank, int size, bool check);
+  ProcessGroupPjrt(std::unique_ptr<Transport> transport, int rank, int size, bool check,
+                   MakeSubgroup make_subgroup = {},
+                   std::chrono::milliseconds timeout = ::kBackendDefaultTimeout);
   ~ProcessGroupPjrt() override;
 
   const std::string getBackendName() const override { return "pjrt"; }
   std::string transport_name() const { return transport_->name(); }
+
+  // c10d's split_group (what DeviceMesh uses once init_process_group was given a
+  // device_id): the members of each split build its backend together.
+  bool supportsSplitting() const override { return static_cast<bool>(make_subgroup_); }
+  c10::intrusive_ptr<c10d::Backend> split(const c10::intrusive_ptr<c10d::Store>& store, const std::vector<int>& ranks,
+                                          const c10::intrusive_ptr<Options>& opts) override;
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  void setSequenceNumberForGroup() override {}  // every collective is matched by its signature instead
+  uint64_t getSequenceNumberForGroup() override { return 0; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -122,6 +139,8 @@ class ProcessGroupPjrt final : public c10d::Backend {
 
   std::unique_ptr<Transport> transport_;
   bool check_;
+  MakeSubgroup make_subgroup_;
+  std::chrono::milliseconds timeout_;
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalesced_;
 };

@@ -637,6 +637,31 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def split_mesh(rank: int, world: int) -> dict[str, Any]:
+    """init_process_group(device_id=...) (as Lightning passes it) makes DeviceMesh split the
+    group: a 2-D mesh's row and column groups, each all-reduce's values against the ranks'."""
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("pjrt", timeout=timeout(), device_id=DEV)
+    rows = 2
+    mesh = init_device_mesh(DEV.type, (rows, world // rows), mesh_dim_names=("replicate", "shard"))
+    checked = []
+    for dim, name in enumerate(("replicate", "shard")):
+        group = mesh.get_group(name)
+        members = dist.get_process_group_ranks(group)
+        assert rank in members and len(members) == mesh.shape[dim], (name, members)
+        x = torch.full((3,), float(rank + 1), device=DEV) * torch.arange(1, 4, device=DEV)
+        dist.all_reduce(x, group=group)
+        want = float(sum(m + 1 for m in members)) * torch.arange(1, 4, dtype=torch.float32)
+        exact(x, want, f"all_reduce over the mesh's {name} group {members}")
+        gathered = [torch.empty(1, device=DEV) for _ in members]
+        dist.all_gather(gathered, torch.tensor([float(rank)], device=DEV), group=group)
+        exact(torch.cat(gathered), torch.tensor([float(m) for m in members]), f"all_gather over {name}")
+        checked.append(members)
+    dist.destroy_process_group()
+    return {"groups": checked}
+
+
+@scenario
 def checkpoint(rank: int, world: int) -> dict[str, Any]:
     """Save a sharded FSDP2 model and optimizer with `world` ranks; the test
     then loads it with one rank (a different world size) and compares."""

@@ -3,7 +3,10 @@
 a small classifier as a LightningModule, its data, a callback that records every step,
 and float64 / float32 CPU references of the same steps.
 
-    python lightning_stack.py OUT_DIR STEPS     (each rank writes OUT_DIR/rank<r>.pt)
+    python lightning_stack.py OUT_DIR STEPS [STRATEGY]   (each rank writes OUT_DIR/rank<r>.pt)
+
+STRATEGY: none (Trainer() picks DDP), "fsdp" (FSDP, full shard), or "fsdp-hybrid" (FSDP's
+hybrid shard over a (1, 2) device mesh, which makes c10d split the process group).
 """
 
 from __future__ import annotations
@@ -71,24 +74,43 @@ def judge_steps(recorder: StepRecorder) -> differential.Comparison:
     return result
 
 
-def _rank_main(out_dir: str, steps: int) -> None:
-    """One DDP rank: Trainer() with nothing said about the device, devices or strategy."""
+def _strategy(name: str) -> Any:
+    if name == "fsdp-hybrid":
+        from pytorch_lightning.strategies import FSDPStrategy
+
+        return FSDPStrategy(sharding_strategy="HYBRID_SHARD", device_mesh=(1, 2))
+    return name
+
+
+def _rank_main(out_dir: str, steps: int, strategy: str | None = None) -> None:
+    """One rank: Trainer() with nothing said about the device or devices (nor the strategy
+    unless one is named); FSDP's ranks also save a full checkpoint at the end."""
     module = Classifier()
     params: list[dict[str, torch.Tensor]] = []
 
     class Params(pl.Callback):
         def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-            params.append(params_of(module.net))
+            if strategy is None:
+                params.append(params_of(module.net))
+                return
+            from torch.distributed.fsdp import FullyShardedDataParallel
 
+            with FullyShardedDataParallel.summon_full_params(trainer.strategy.model):  # collective
+                params.append(params_of(module.net))
+
+    settings: dict[str, Any] = {} if strategy is None else {"strategy": _strategy(strategy), "devices": 2}
     trainer = pl.Trainer(max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, callbacks=[Params()])
+                         enable_model_summary=False, callbacks=[Params()], **settings)
     trainer.fit(module, loader())
+    if strategy is not None:
+        trainer.save_checkpoint(os.path.join(out_dir, "last.ckpt"))
     torch.save({"params": params, "accelerator": type(trainer.accelerator).__name__,
-                "strategy": type(trainer.strategy).__name__, "world_size": trainer.world_size,
+                "strategy": type(trainer.strategy).__name__,
+                "precision": type(trainer.precision_plugin).__name__, "world_size": trainer.world_size,
                 "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
                 "devices_seen": sorted(module.devices_seen)},
                os.path.join(out_dir, f"rank{trainer.global_rank}.pt"))
 
 
 if __name__ == "__main__":
-    _rank_main(sys.argv[1], int(sys.argv[2]))
+    _rank_main(sys.argv[1], int(sys.argv[2]), sys.argv[3] if len(sys.argv) > 3 else None)

@@ -136,6 +136,12 @@ def test_tensor_parallel_matches_single_process_training(tmp_path: Any) -> None:
     assert_ok(run_ranks("tensor_parallel", tmp_path))
 
 
+def test_a_device_mesh_splits_a_group_made_with_a_device_id(tmp_path: Any) -> None:
+    reports = run_ranks("split_mesh", tmp_path, world=4)
+    assert_ok(reports)
+    assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]
+
+
 def test_distributed_checkpoint_reloads_into_another_world_size(tmp_path: Any) -> None:
     assert_ok(run_ranks("checkpoint", tmp_path, env={"DIST_CKPT_MODE": "save"}))
     for f in ("rank0.json", "rank1.json"):

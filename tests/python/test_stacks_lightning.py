@@ -1,7 +1,8 @@
 """PyTorch Lightning on pjrt, unmodified: Trainer() picks the device with no argument,
 accelerator="pjrt" is accepted, every step is judged against float64 CPU replays,
-bf16-mixed autocasts on the device, checkpoints resume, and Trainer() with two devices
-runs DDP in two processes over the pjrt process group."""
+bf16-mixed autocasts on the device, checkpoints resume, Trainer() with two devices
+runs DDP in two processes over the pjrt process group, and the FSDP strategy trains and
+saves a full checkpoint."""
 
 from __future__ import annotations
 
@@ -108,22 +109,57 @@ def test_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path: Path) -> None:
     assert not torch.equal(final(first)["0.weight"], expected["0.weight"])  # the second epoch did train
 
 
-def test_trainer_with_two_devices_runs_ddp_in_two_processes_like_full_batch_training(tmp_path: Path) -> None:
+def _two_ranks(tmp_path: Path, *strategy: str) -> list[dict[str, Any]]:
     env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", PYTHONPATH=os.pathsep.join(
         [str(HERE), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, str(HERE / "lightning_stack.py"), str(tmp_path), str(STEPS)],
+    proc = subprocess.run([sys.executable, str(HERE / "lightning_stack.py"), str(tmp_path), str(STEPS), *strategy],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
-    for r, got in enumerate(ranks):
-        assert got["accelerator"] == "PjrtAccelerator" and got["strategy"] == "DDPStrategy", got
-        assert got["world_size"] == 2 and got["backend"] == "pjrt", got
-        assert got["devices_seen"] == [f"{DEVICE}:{r}"], got["devices_seen"]
-        assert len(got["params"]) == STEPS
-    # DDP averages the ranks' gradients; Lightning's DistributedSampler shuffles training data (seed 0).
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def _judge_two_ranks(ranks: list[dict[str, Any]]) -> None:
+    """Both ranks' parameters after every step against full-batch training in float64 (the
+    ranks' gradients are averaged; Lightning's DistributedSampler shuffles with seed 0)."""
     batches = ls.full_batches(2, STEPS, shuffle=True)
     exact = ls.reference_params(torch.float64, batches)
     float32 = ls.reference_params(torch.float32, batches)
     for r, got in enumerate(ranks):
+        assert len(got["params"]) == STEPS
         ratio, where = hf_stack.worst_ratio(got["params"], exact, float32)
         assert ratio <= 1.0, f"rank {r}: {ratio:.2f}x the allowed distance to float64 at {where}"
+
+
+def test_trainer_with_two_devices_runs_ddp_in_two_processes_like_full_batch_training(tmp_path: Path) -> None:
+    ranks = _two_ranks(tmp_path)
+    for r, got in enumerate(ranks):
+        assert got["accelerator"] == "PjrtAccelerator" and got["strategy"] == "DDPStrategy", got
+        assert got["world_size"] == 2 and got["backend"] == "pjrt", got
+        assert got["devices_seen"] == [f"{DEVICE}:{r}"], got["devices_seen"]
+    _judge_two_ranks(ranks)
+
+
+def test_fsdp_trains_like_full_batch_training_and_saves_a_full_checkpoint(tmp_path: Path) -> None:
+    """FSDPStrategy (refused for any accelerator but CUDA before the patch), in its hybrid
+    shard over a (1, 2) mesh: the parameters are sharded over both ranks, and the mesh splits
+    the process group Lightning made with a device_id."""
+    ranks = _two_ranks(tmp_path, "fsdp-hybrid")
+    for r, got in enumerate(ranks):
+        assert got["strategy"] == "FSDPStrategy" and got["precision"] == "PjrtFSDPPrecision", got
+        assert got["backend"] == "pjrt" and got["devices_seen"] == [f"{DEVICE}:{r}"], got
+    _judge_two_ranks(ranks)
+    saved = torch.load(tmp_path / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    final = ranks[0]["params"][-1]
+    assert {f"net.{n}" for n in final} == set(saved), saved.keys()
+    for name, value in final.items():  # the checkpoint holds the whole trained parameters
+        torch.testing.assert_close(saved[f"net.{name}"].double(), value, rtol=0, atol=0)
+
+
+def test_fsdp_is_accepted_by_name_and_its_bf16_mixed_autocasts_on_the_device() -> None:
+    trainer = _trainer(strategy="fsdp", precision="bf16-mixed", devices=1)
+    assert type(trainer.strategy).__name__ == "FSDPStrategy", trainer.strategy
+    plugin = trainer.precision_plugin
+    assert type(plugin).__name__ == "PjrtFSDPPrecision", plugin
+    with plugin.forward_context():
+        y = torch.nn.functional.linear(torch.ones(2, 3, device=DEVICE), torch.ones(4, 3, device=DEVICE))
+    assert y.dtype == torch.bfloat16 and y.device.type == DEVICE, y

@@ -175,3 +175,68 @@ def _ddp_model(ddp: ModuleType) -> None:
         return original(self, model)
 
     cls._setup_model = _setup_model
+
+
+@patch("lightning.fsdp_accepted", "pytorch_lightning.trainer.connectors.accelerator_connector", DISTRIBUTION,
+       TESTED, "strategy='fsdp' is refused for every accelerator but CUDA ('The strategy `fsdp` requires a GPU "
+       "accelerator'), though FSDP itself runs on any device with a process group")
+def _fsdp_accepted(connector: ModuleType) -> None:
+    cls = connector._AcceleratorConnector
+    original = cls._check_strategy_and_fallback
+
+    def _check_strategy_and_fallback(self: Any) -> None:
+        if not _is_ours(self._accelerator_flag):
+            return original(self)
+        flag = self._accelerator_flag
+        self._accelerator_flag = "cuda"  # the condition of its FSDP check, and of nothing else there
+        try:
+            original(self)
+        finally:
+            self._accelerator_flag = flag
+
+    cls._check_strategy_and_fallback = _check_strategy_and_fallback
+
+
+@patch("lightning.fsdp_precision", "pytorch_lightning.trainer.connectors.accelerator_connector", DISTRIBUTION,
+       TESTED, "FSDP's '16-mixed' and 'bf16-mixed' autocast on 'cuda' whatever the accelerator: the forward ran "
+       "in float32 on pjrt")
+def _fsdp_precision(connector: ModuleType) -> None:
+    from pytorch_lightning.plugins.precision.fsdp import FSDPPrecision
+
+    class PjrtFSDPPrecision(FSDPPrecision):  # type: ignore[misc]
+        def forward_context(self) -> Any:
+            if "mixed" in self.precision:
+                dtype = torch.bfloat16 if self.precision == "bf16-mixed" else torch.float16
+                return torch.autocast(DEVICE, dtype=dtype)
+            return super().forward_context()
+
+    PjrtFSDPPrecision.__module__ = __name__
+    cls = connector._AcceleratorConnector
+    original = cls._check_and_init_precision
+
+    def _check_and_init_precision(self: Any) -> Any:
+        chosen = original(self)
+        if type(chosen) is FSDPPrecision and _is_ours(self._accelerator_flag):
+            return PjrtFSDPPrecision(chosen.precision, chosen.scaler)
+        return chosen
+
+    cls._check_and_init_precision = _check_and_init_precision
+
+
+@patch("lightning.fsdp_device_mesh", "pytorch_lightning.strategies.fsdp", DISTRIBUTION, TESTED,
+       "FSDPStrategy(device_mesh=(replicas, shards)) builds its mesh on 'cuda' whatever the accelerator")
+def _fsdp_device_mesh(fsdp: ModuleType) -> None:
+    cls = fsdp.FSDPStrategy
+    original = cls.setup_environment
+
+    def setup_environment(self: Any) -> None:
+        shape = self.kwargs.get("device_mesh")
+        if not (isinstance(shape, tuple) and self.root_device.type == DEVICE):
+            return original(self)
+        del self.kwargs["device_mesh"]
+        original(self)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.kwargs["device_mesh"] = init_device_mesh(DEVICE, shape)
+
+    cls.setup_environment = setup_environment
