@@ -340,8 +340,10 @@ LoadedExecutable::~LoadedExecutable() {
 std::vector<std::unique_ptr<Buffer>> LoadedExecutable::execute(const Device& device,
                                                                const std::vector<PJRT_Buffer*>& args,
                                                                std::unique_ptr<Event>* done,
-                                                               const std::vector<int64_t>* keep) const {
+                                                               const std::vector<int64_t>* keep,
+                                                               int launch_id) const {
   auto options = ARGS(PJRT_ExecuteOptions);
+  options.launch_id = launch_id;
   if (keep && !keep->empty()) {
     options.non_donatable_input_indices = keep->data();
     options.num_non_donatable_input_indices = keep->size();
@@ -391,7 +393,9 @@ std::string LoadedExecutable::serialize() const {
 
 Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options,
                const std::vector<CompileOverride>& compile_overrides)
-    : api_(std::move(api)), compile_options_(encode_compile_options(compile_overrides)) {
+    : api_(std::move(api)),
+      compile_overrides_(compile_overrides),
+      compile_options_(encode_compile_options(compile_overrides)) {
   std::vector<PJRT_NamedValue> named(options.size());
   for (size_t i = 0; i < options.size(); ++i) {
     std::memset(&named[i], 0, sizeof(PJRT_NamedValue));
@@ -497,19 +501,38 @@ std::string encode_override_value(const CompileOverride& o) {
 }
 }  // namespace
 
-std::string encode_compile_options(const std::vector<CompileOverride>& overrides) {
+std::string encode_compile_options(const std::vector<CompileOverride>& overrides,
+                                   const std::vector<int64_t>& replica_devices) {
   std::string out;
-  // executable_build_options (3) { num_replicas (4) = 1, num_partitions (5) = 1 }.
+  // executable_build_options (3) { num_replicas (4), num_partitions (5) = 1,
+  //   device_assignment (9) { replica_count (1), computation_count (2) = 1,
+  //     computation_devices (3) { replica_device_ids (1), packed } } }.
+  const bool replicated = !replica_devices.empty();
   std::string build;
   put_tag(build, 4, 0);
-  put_varint(build, 1);
+  put_varint(build, replicated ? replica_devices.size() : 1);
   put_tag(build, 5, 0);
   put_varint(build, 1);
+  if (replicated) {
+    std::string ids;
+    for (int64_t id : replica_devices) put_varint(ids, static_cast<uint64_t>(id));
+    std::string computation;
+    put_bytes(computation, 1, ids);
+    std::string assignment;
+    put_tag(assignment, 1, 0);
+    put_varint(assignment, replica_devices.size());
+    put_tag(assignment, 2, 0);
+    put_varint(assignment, 1);
+    put_bytes(assignment, 3, computation);
+    put_bytes(build, 9, assignment);
+  }
   put_bytes(out, 3, build);
   // compile_portable_executable (4) = true: the executable runs on whichever
-  // device Execute names.
-  put_tag(out, 4, 0);
-  put_varint(out, 1);
+  // device Execute names (a replicated one on the devices assigned to it).
+  if (!replicated) {
+    put_tag(out, 4, 0);
+    put_varint(out, 1);
+  }
   // env_option_overrides (7): map<string, OptionOverrideProto>, one entry
   // message { key (1), value (2) } each.
   for (const auto& o : overrides) {
@@ -521,7 +544,8 @@ std::string encode_compile_options(const std::vector<CompileOverride>& overrides
   return out;
 }
 
-std::unique_ptr<LoadedExecutable> Client::compile(const std::string& mlir) const {
+std::unique_ptr<LoadedExecutable> Client::compile(const std::string& mlir,
+                                                  const std::vector<int64_t>& replica_devices) const {
   auto program = ARGS(PJRT_Program);
   program.code = const_cast<char*>(mlir.data());
   program.code_size = mlir.size();
@@ -531,8 +555,11 @@ std::unique_ptr<LoadedExecutable> Client::compile(const std::string& mlir) const
   auto args = ARGS(PJRT_Client_Compile_Args);
   args.client = client_;
   args.program = &program;
-  args.compile_options = compile_options().data();
-  args.compile_options_size = compile_options().size();
+  const std::string replicated =
+      replica_devices.empty() ? std::string() : encode_compile_options(compile_overrides_, replica_devices);
+  const std::string& options = replica_devices.empty() ? compile_options() : replicated;
+  args.compile_options = options.data();
+  args.compile_options_size = options.size();
   TORCH_PJRT_CALL(*api_, PJRT_Client_Compile, &args, "PJRT_Client_Compile");
   return std::make_unique<LoadedExecutable>(api_, args.executable);
 }

@@ -131,9 +131,12 @@ class LoadedExecutable {
   // `done`, it receives an event that fires when the execution has finished.
   // Parameters listed in `keep` are not donated even where the program aliases
   // them to an output (the plugin copies instead).
+  // A program over several devices (Client::compile with replica devices) runs
+  // its part on `device` only; the other devices' parts are launched by their
+  // own callers with the same `launch_id`, and the plugin joins them.
   std::vector<std::unique_ptr<Buffer>> execute(const Device& device, const std::vector<PJRT_Buffer*>& args,
                                                std::unique_ptr<Event>* done = nullptr,
-                                               const std::vector<int64_t>* keep = nullptr) const;
+                                               const std::vector<int64_t>* keep = nullptr, int launch_id = 0) const;
   std::string serialize() const;
 
  private:
@@ -182,8 +185,10 @@ struct CompileOverride {
   std::variant<bool, int64_t, double, std::string> value;
 };
 // xla.CompileOptionsProto bytes: a portable executable for 1 replica and 1
-// partition, plus the overrides (in the given order).
-std::string encode_compile_options(const std::vector<CompileOverride>& overrides);
+// partition, plus the overrides (in the given order). With replica devices
+// (global device ids): one replica per device, replica i on replica_devices[i].
+std::string encode_compile_options(const std::vector<CompileOverride>& overrides,
+                                   const std::vector<int64_t>& replica_devices = {});
 
 class Client {
  public:
@@ -204,8 +209,11 @@ class Client {
   std::unique_ptr<Buffer> buffer_from_host(const void* data, ElementType type,
                                            const std::vector<int64_t>& dims,
                                            const Device& device) const;
-  // Compiles StableHLO (MLIR text) for a single device.
-  std::unique_ptr<LoadedExecutable> compile(const std::string& mlir) const;
+  // Compiles StableHLO (MLIR text) for a single device, or with replica devices
+  // (global device ids) a program of one replica per device: its collectives'
+  // replica groups count replicas in that order.
+  std::unique_ptr<LoadedExecutable> compile(const std::string& mlir,
+                                            const std::vector<int64_t>& replica_devices = {}) const;
   std::unique_ptr<LoadedExecutable> deserialize(const std::string& bytes) const;
   // Bytes of the CompileOptionsProto used for every compile (part of cache keys).
   const std::string& compile_options() const { return compile_options_; }
@@ -214,6 +222,7 @@ class Client {
   std::shared_ptr<const Api> api_;
   PJRT_Client* client_ = nullptr;
   std::vector<Device> devices_;
+  std::vector<CompileOverride> compile_overrides_;
   std::string compile_options_;
 };
 

@@ -329,3 +329,50 @@ TEST(Executor, MemoryCacheEvictsLeastRecentlyUsed) {
   get(rt, module(2), "neg");
   EXPECT_EQ(executor::metrics().compiles, compiles + 1);  // was evicted
 }
+
+namespace {
+// Sums its argument over `replicas` replicas (replica groups count replicas).
+std::string all_reduce_module(int replicas) {
+  std::string group;
+  for (int r = 0; r < replicas; ++r) group += (r ? ", " : "") + std::to_string(r);
+  return "module @all_reduce attributes {mhlo.num_replicas = " + std::to_string(replicas) +
+         " : i32, mhlo.num_partitions = 1 : i32} {\n"
+         "  func.func public @main(%arg0: tensor<3xf32>) -> tensor<3xf32> {\n"
+         "    %0 = \"stablehlo.all_reduce\"(%arg0) ({\n"
+         "    ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n"
+         "      %s = stablehlo.add %a, %b : tensor<f32>\n"
+         "      stablehlo.return %s : tensor<f32>\n"
+         "    }) {replica_groups = dense<[[" + group + "]]> : tensor<1x" + std::to_string(replicas) +
+         "xi64>} : (tensor<3xf32>) -> tensor<3xf32>\n"
+         "    return %0 : tensor<3xf32>\n"
+         "  }\n"
+         "}\n";
+}
+}  // namespace
+
+// A program over several devices, each device's part launched by its own thread
+// (as each rank of a process group launches its own): the plugin joins them.
+TEST(Runtime, ReplicatedProgramLaunchedPerDeviceFromThreads) {
+  auto api = runtime::Api::load(plugin_path());
+  runtime::Client client(api, {{"cpu_device_count", 4}});
+  ASSERT_EQ(client.devices().size(), 4u);
+  // Replica r on device 3 - r: the replica order is the assignment's, not the ids'.
+  std::vector<int64_t> assignment;
+  for (int r = 0; r < 4; ++r) assignment.push_back(client.devices()[3 - r].id());
+  auto exe = client.compile(all_reduce_module(4), assignment);
+  for (int launch = 1; launch <= 3; ++launch) {
+    std::vector<std::vector<float>> results(4, std::vector<float>(3));
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 4; ++r) {
+      ranks.emplace_back([&, r] {
+        const runtime::Device& device = client.devices()[3 - r];
+        std::vector<float> mine{float(r + 1), float(10 * (r + 1)), float(launch)};
+        auto in = client.buffer_from_host(mine.data(), PJRT_Buffer_Type_F32, {3}, device);
+        auto out = exe->execute(device, {in->raw()}, nullptr, nullptr, launch);
+        out.at(0)->to_host(results[r].data(), 3 * sizeof(float));
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(results[r], (std::vector<float>{10, 100, 4.0f * launch})) << "replica " << r;
+  }
+}
