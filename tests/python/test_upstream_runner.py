@@ -11,6 +11,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 FILE = textwrap.dedent('''
     import torch
     from torch.testing._internal.common_device_type import instantiate_device_type_tests
@@ -193,3 +195,12 @@ def test_a_resumed_rerun_that_dies_is_charged_to_its_test(tmp_path: Path) -> Non
     assert proc.returncode == 1, out
     assert "ERROR TestTinyPRIVATEUSE1::test_known_gap_pjrt: pytest ended with code 7 during this test" in out, out
     assert "test_tiny.py: 1 passed, 0 failed, 1 errors, 1 skipped, 1 expected failures" in out, out
+
+
+def test_an_entry_can_be_kept_to_the_torch_releases_it_describes() -> None:
+    from torch_pjrt.tools.upstream import spec
+
+    assert spec.applies_to_torch("<2.14", "2.13.0+cpu") and not spec.applies_to_torch("<2.14", "2.14.1+cu130")
+    assert spec.applies_to_torch(">=2.14", "2.14.1") and not spec.applies_to_torch(">=2.14", "2.13.0")
+    with pytest.raises(ValueError, match="expected '<X.Y' or '>=X.Y'"):
+        spec.applies_to_torch("==2.13", "2.13.0")

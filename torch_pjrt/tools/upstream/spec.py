@@ -1,7 +1,8 @@
 """The spec (spec.toml): per upstream file, the tests expected to fail or be skipped on
 pjrt, each with its reason and whether it fails on the CPU as well. A key is a test id,
 or a pattern (fnmatch: `*`, `?`) for a family of tests with one cause, such as every
-test of a dtype the device lacks; an exact id wins over a pattern."""
+test of a dtype the device lacks; an exact id wins over a pattern. `torch = "<2.14"` (or
+">=2.14") keeps an entry to the torch releases whose behaviour it describes."""
 
 from __future__ import annotations
 
@@ -24,8 +25,23 @@ class Entry:
     strict: bool = True
 
 
+def _release(version: str) -> tuple[int, int]:
+    major, minor = version.split("+")[0].split(".")[:2]
+    return int(major), int(minor)
+
+
+def applies_to_torch(condition: str, version: str) -> bool:
+    """An entry's `torch` condition, "<X.Y" or ">=X.Y", against a torch version."""
+    for op, test in (("<", lambda a, b: a < b), (">=", lambda a, b: a >= b)):
+        bound = condition[len(op):]
+        if condition.startswith(op) and bound[:1].isdigit():
+            return test(_release(version), _release(bound))
+    raise ValueError(f"torch = {condition!r}: expected '<X.Y' or '>=X.Y'")
+
+
 @functools.cache
 def load(path: str = SPEC) -> dict[str, dict[str, Entry]]:
+    import torch
     with open(path, "rb") as f:
         raw = tomllib.load(f)
     spec: dict[str, dict[str, Entry]] = {}
@@ -34,6 +50,8 @@ def load(path: str = SPEC) -> dict[str, dict[str, Entry]]:
         for test, e in tests.items():
             if e.get("expect") not in ("fail", "skip") or not e.get("reason"):
                 raise ValueError(f"{path}: {file} {test}: needs expect = 'fail' or 'skip', and a reason")
+            if "torch" in e and not applies_to_torch(e["torch"], torch.__version__):
+                continue
             spec[file][test] = Entry(e["expect"], e["reason"], bool(e.get("cpu_too", False)),
                                      bool(e.get("strict", True)))
     return spec
