@@ -13,6 +13,7 @@
 
 #include "executor/executor.h"
 #include "ir/builder.h"
+#include "lowering/collectives.h"
 #include "runtime/pjrt_runtime.h"
 
 using namespace torch_pjrt;
@@ -330,25 +331,6 @@ TEST(Executor, MemoryCacheEvictsLeastRecentlyUsed) {
   EXPECT_EQ(executor::metrics().compiles, compiles + 1);  // was evicted
 }
 
-namespace {
-// Sums its argument over `replicas` replicas (replica groups count replicas).
-std::string all_reduce_module(int replicas) {
-  std::string group;
-  for (int r = 0; r < replicas; ++r) group += (r ? ", " : "") + std::to_string(r);
-  return "module @all_reduce attributes {mhlo.num_replicas = " + std::to_string(replicas) +
-         " : i32, mhlo.num_partitions = 1 : i32} {\n"
-         "  func.func public @main(%arg0: tensor<3xf32>) -> tensor<3xf32> {\n"
-         "    %0 = \"stablehlo.all_reduce\"(%arg0) ({\n"
-         "    ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n"
-         "      %s = stablehlo.add %a, %b : tensor<f32>\n"
-         "      stablehlo.return %s : tensor<f32>\n"
-         "    }) {replica_groups = dense<[[" + group + "]]> : tensor<1x" + std::to_string(replicas) +
-         "xi64>} : (tensor<3xf32>) -> tensor<3xf32>\n"
-         "    return %0 : tensor<3xf32>\n"
-         "  }\n"
-         "}\n";
-}
-}  // namespace
 
 // A program over several devices, each device's part launched by its own thread
 // (as each rank of a process group launches its own): the plugin joins them.
@@ -359,7 +341,8 @@ TEST(Runtime, ReplicatedProgramLaunchedPerDeviceFromThreads) {
   // Replica r on device 3 - r: the replica order is the assignment's, not the ids'.
   std::vector<int64_t> assignment;
   for (int r = 0; r < 4; ++r) assignment.push_back(client.devices()[3 - r].id());
-  auto exe = client.compile(all_reduce_module(4), assignment);
+  auto exe = client.compile(lowering::collective_module({lowering::CollectiveKind::AllReduce, ir::DType::F32, {3}, 4}),
+                            assignment);
   for (int launch = 1; launch <= 3; ++launch) {
     std::vector<std::vector<float>> results(4, std::vector<float>(3));
     std::vector<std::thread> ranks;
