@@ -10,11 +10,13 @@ from . import _C, recompiles
 def metrics() -> dict[str, Any]:
     m = dict(_C._metrics())
     m["compiled"] = recompiles.compiled_stats()  # per torch.compile'd function
+    m["distributed"] = dict(_C._transport_stats())  # collectives by transport, bytes through the host
     return m
 
 
 def reset_metrics() -> None:
     _C._reset_metrics()
+    _C._reset_transport_stats()
     recompiles.reset_compiled_stats()
 
 

@@ -1,4 +1,5 @@
 // Fills and factories: fill_, zero_, arange, range, linspace, logspace, eye, triu/tril.
+#include <torch/version.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
@@ -41,9 +42,13 @@ at::Tensor& arange_out(const at::Scalar& start, const at::Scalar& end, const at:
   // Size with torch's own rule (computed on the host, like every backend).
   double s = start.toDouble(), e = end.toDouble(), st = step.toDouble();
   TORCH_CHECK(st != 0, "step must be nonzero");
-  // ATen steps integer outputs by the step converted to the integer type: a fractional step below 1 would never move.
+  // ATen steps integer outputs by the step converted to the integer type: torch 2.13 refuses a
+  // fractional step below 1 (it would never move); 2.14 fills the size its double step gives with
+  // the start, as the conversion makes it.
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14
   TORCH_CHECK_VALUE(!at::isIntegralType(out.scalar_type(), false) || static_cast<int64_t>(st) != 0, "arange: step must be nonzero in the output's dtype ",
                     out.scalar_type(), ", got ", st);
+#endif
   TORCH_CHECK(std::isfinite(s) && std::isfinite(e), "unsupported range: ", s, " -> ", e);
   TORCH_CHECK((st > 0 && e >= s) || (st < 0 && e <= s), "upper bound and larger bound inconsistent with step sign");
   const double count = std::ceil((e - s) / st);

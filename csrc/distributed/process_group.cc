@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "device/context.h"
+#include "distributed/xla_transport.h"
 
 namespace torch_pjrt::distributed {
 namespace {
@@ -60,11 +61,15 @@ std::string describe(at::ScalarType dtype, c10::IntArrayRef sizes) {
   return s.str();
 }
 
-// A device tensor's contents on the host, dense.
-at::Tensor to_host(const at::Tensor& t) { return t.to(at::kCPU).contiguous(); }
+// A device tensor's contents on the host, dense (counted: bytes through the host).
+at::Tensor to_host(const at::Tensor& t) {
+  count_host_bytes(static_cast<int64_t>(t.nbytes()));
+  return t.to(at::kCPU).contiguous();
+}
 at::Tensor host_like(const at::Tensor& t) { return at::empty(t.sizes(), t.options().device(at::kCPU)); }
-// Writes a dense host tensor of the same numel into a device tensor (any strides).
+// Writes a dense tensor (host or device) of the same numel into a device tensor (any strides).
 void write_back(const at::Tensor& device_tensor, const at::Tensor& host) {
+  if (host.is_cpu()) count_host_bytes(static_cast<int64_t>(host.nbytes()));
   device_tensor.copy_(host.view(device_tensor.sizes()));
 }
 void wait(const c10::intrusive_ptr<c10d::Work>& work) { work->wait(); }
@@ -612,6 +617,7 @@ void ProcessGroupPjrt::agree(const Signature& sig) {
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::done(std::vector<at::Tensor> outputs, c10d::OpType type) {
+  count_collective(transport_->name());
   std::vector<c10::Device> devices;
   if (!outputs.empty()) devices.push_back(outputs[0].device());
   return track(c10::make_intrusive<DoneWork>(std::move(outputs), type, devices));
@@ -939,19 +945,35 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::barrier(const c10d::BarrierOpti
 void add_python_bindings(pybind11::module_& m) {
   namespace py = pybind11;
   py::class_<ProcessGroupPjrt, c10d::Backend, c10::intrusive_ptr<ProcessGroupPjrt>>(m, "_ProcessGroupPjrt")
+      // device_ids (every rank's global device id, all addressable here): the XLA
+      // transport, with the host backend as its control channel; else host-staged.
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size, bool check,
-                       ProcessGroupPjrt::MakeSubgroup make_subgroup, std::chrono::milliseconds timeout) {
+                       ProcessGroupPjrt::MakeSubgroup make_subgroup, std::chrono::milliseconds timeout,
+                       std::vector<int64_t> device_ids) {
              TORCH_CHECK(host, "pjrt process group: no host backend");
-             return c10::make_intrusive<ProcessGroupPjrt>(make_host_transport(host, rank, size), rank, size, check,
+             auto transport = make_host_transport(host, rank, size);
+             if (!device_ids.empty()) {
+               transport = make_xla_transport(std::move(transport), rank, size, std::move(device_ids));
+             }
+             return c10::make_intrusive<ProcessGroupPjrt>(std::move(transport), rank, size, check,
                                                           std::move(make_subgroup), timeout);
            }),
            py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("check") = true,
            py::arg("make_subgroup") = ProcessGroupPjrt::MakeSubgroup{},
-           py::arg("timeout") = std::chrono::milliseconds(::kBackendDefaultTimeout))
+           py::arg("timeout") = std::chrono::milliseconds(::kBackendDefaultTimeout),
+           py::arg("device_ids") = std::vector<int64_t>{})
       .def_property_readonly("transport", [](const ProcessGroupPjrt& pg) { return pg.transport_name(); })
       // What split_group deep-copies to pass back: torch's Options cannot be copied from
       // Python, and without them c10d asks getBackendOptions() (a new object each time).
       .def_property_readonly("options", [](const ProcessGroupPjrt&) { return py::none(); });
+  m.def("_transport_stats", [] {
+    TransportStats stats = transport_stats();
+    py::dict out;
+    out["collectives"] = stats.collectives;
+    out["host_bytes"] = stats.host_bytes;
+    return out;
+  });
+  m.def("_reset_transport_stats", &reset_transport_stats);
 }
 
 }  // namespace torch_pjrt::distributed

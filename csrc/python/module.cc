@@ -178,6 +178,7 @@ PYBIND11_MODULE(_C, mod) {
   });
   mod.def("_plugin_attributes", [] { return device::rt().client().api().attributes(); });
   mod.def("_device_kind", [](int d) { return device::rt().device(d).kind(); });
+  mod.def("_device_global_id", [](int d) { return device::rt().device(d).id(); });
   mod.def("_device_attributes", [](int d) { return device::rt().device(d).attributes(); });
   mod.def("_metrics", &metrics_dict);
   mod.def("_reset_metrics", [] { executor::metrics().reset(); });

@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -22,7 +23,13 @@ import torch.nn.functional as F
 
 import torch_pjrt  # noqa: F401  (registers the device and the "pjrt" backend)
 
-DEV = torch.device(torch_pjrt.DEVICE_NAME, 0)  # "pjrt", or the name TORCH_PJRT_DEVICE_NAME gives
+CPU_RNG = threading.Lock()  # seeding and drawing from the CPU generator (one per process) as one step
+
+
+def dev() -> torch.device:
+    """This rank's device ("pjrt", or the name TORCH_PJRT_DEVICE_NAME gives): its process's
+    current one, or with ranks as threads (torch_pjrt.distributed.spawn) its thread's."""
+    return torch.device(torch_pjrt.DEVICE_NAME, getattr(torch, torch_pjrt.DEVICE_NAME).current_device())
 SCENARIOS: dict[str, Callable[[int, int], dict[str, Any]]] = {}
 
 
@@ -38,7 +45,7 @@ def timeout() -> datetime.timedelta:
 def exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     """pjrt's result against CPU gloo's: the same bytes moved and reduced by the
     same gloo code, so they must be equal, bit for bit."""
-    assert got.device.type == DEV.type, f"{what}: result on {got.device}"
+    assert got.device.type == dev().type, f"{what}: result on {got.device}"
     torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
@@ -65,7 +72,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
         x = values(shape, dtype, 100 * seed + rank)
         want = x.clone()
         run(want)
-        got = x.to(DEV)
+        got = x.to(dev())
         run(got)
         if result_on is None or rank == result_on:  # reduce: other ranks' buffers are unspecified
             exact(got, want, f"{name} {dtype}")
@@ -87,12 +94,12 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     # AVG and PREMUL_SUM: gloo has neither; the CPU reference is SUM then scale.
     for dtype in (torch.float32, torch.bfloat16):
         x = values((3, 4), dtype, rank)
-        got = x.to(DEV)
+        got = x.to(dev())
         dist.all_reduce(got, op=R.AVG)
         want = x.clone()
         dist.all_reduce(want)
         exact(got, want / world, f"all_reduce AVG {dtype}")
-        got = x.to(DEV)
+        got = x.to(dev())
         dist.all_reduce(got, op=dist._make_nccl_premul_sum(0.5))
         want = x * 0.5
         dist.all_reduce(want)
@@ -102,15 +109,15 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     # all_gather: list and into one tensor (concatenated and stacked shapes).
     for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.bool):
         x = values((2, 3), dtype, rank)
-        outs = [torch.empty_like(x, device=DEV) for _ in range(world)]
-        dist.all_gather(outs, x.to(DEV))
+        outs = [torch.empty_like(x, device=dev()) for _ in range(world)]
+        dist.all_gather(outs, x.to(dev()))
         ref = [torch.empty_like(x) for _ in range(world)]
         dist.all_gather(ref, x)
         for o, r in zip(outs, ref):
             exact(o, r, f"all_gather {dtype}")
         for out_shape in ((2 * world, 3), (world, 2, 3)):
-            out = torch.empty(out_shape, dtype=dtype, device=DEV)
-            dist.all_gather_into_tensor(out, x.to(DEV))
+            out = torch.empty(out_shape, dtype=dtype, device=dev())
+            dist.all_gather_into_tensor(out, x.to(dev()))
             exact(out, torch.cat(ref).reshape(out_shape), f"all_gather_into_tensor {out_shape} {dtype}")
     checked.append("all_gather")
 
@@ -122,35 +129,35 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
         reduced = torch.cat(chunks).clone()
         dist.all_reduce(reduced)
         want = reduced.view(world, 3)[rank]
-        out = torch.empty(3, dtype=dtype, device=DEV)
-        dist.reduce_scatter(out, [c.to(DEV) for c in chunks])
+        out = torch.empty(3, dtype=dtype, device=dev())
+        dist.reduce_scatter(out, [c.to(dev()) for c in chunks])
         exact(out, want, f"reduce_scatter {dtype}")
-        out = torch.empty(3, dtype=dtype, device=DEV)
-        dist.reduce_scatter_tensor(out, torch.cat(chunks).to(DEV))
+        out = torch.empty(3, dtype=dtype, device=dev())
+        dist.reduce_scatter_tensor(out, torch.cat(chunks).to(dev()))
         exact(out, want, f"reduce_scatter_tensor {dtype}")
         if dtype.is_floating_point:
-            dist.reduce_scatter_tensor(out, torch.cat(chunks).to(DEV), op=R.AVG)
+            dist.reduce_scatter_tensor(out, torch.cat(chunks).to(dev()), op=R.AVG)
             exact(out, want / world, "reduce_scatter_tensor AVG")
     checked.append("reduce_scatter")
 
     # all_to_all_single: equal splits and split sizes that differ by rank.
     x = values((4 * world, 2), torch.float32, rank)
-    got = torch.empty_like(x, device=DEV)
-    dist.all_to_all_single(got, x.to(DEV))
+    got = torch.empty_like(x, device=dev())
+    dist.all_to_all_single(got, x.to(dev()))
     want = torch.empty_like(x)
     dist.all_to_all_single(want, x)
     exact(got, want, "all_to_all_single")
     in_splits = [1, 3] if rank == 0 else [2, 2]
     out_splits = [1, 2] if rank == 0 else [3, 2]
     x = values((4, 2), torch.float32, rank)
-    got = torch.empty(sum(out_splits), 2, device=DEV)
-    dist.all_to_all_single(got, x.to(DEV), out_splits, in_splits)
+    got = torch.empty(sum(out_splits), 2, device=dev())
+    dist.all_to_all_single(got, x.to(dev()), out_splits, in_splits)
     want = torch.empty(sum(out_splits), 2)
     dist.all_to_all_single(want, x, out_splits, in_splits)
     exact(got, want, "all_to_all_single with split sizes")
     ins = [values((2, 2), torch.int64, rank * 7 + j) for j in range(world)]
-    outs = [torch.empty((2, 2), dtype=torch.int64, device=DEV) for _ in range(world)]
-    dist.all_to_all(outs, [t.to(DEV) for t in ins])
+    outs = [torch.empty((2, 2), dtype=torch.int64, device=dev()) for _ in range(world)]
+    dist.all_to_all(outs, [t.to(dev()) for t in ins])
     ref = [torch.empty((2, 2), dtype=torch.int64) for _ in range(world)]
     dist.all_to_all(ref, ins)
     for o, r in zip(outs, ref):
@@ -159,24 +166,24 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
 
     # gather and scatter, root 1 and root 0.
     x = values((3,), torch.float32, rank)
-    got = [torch.empty(3, device=DEV) for _ in range(world)] if rank == 1 else None
-    dist.gather(x.to(DEV), got, dst=1)
+    got = [torch.empty(3, device=dev()) for _ in range(world)] if rank == 1 else None
+    dist.gather(x.to(dev()), got, dst=1)
     want = [torch.empty(3) for _ in range(world)] if rank == 1 else None
     dist.gather(x, want, dst=1)
     if rank == 1:
         for o, r in zip(got, want):
             exact(o, r, "gather")
     parts = [values((2, 2), torch.float32, 50 + j) for j in range(world)]
-    got = torch.empty(2, 2, device=DEV)
-    dist.scatter(got, [p.to(DEV) for p in parts] if rank == 0 else None, src=0)
+    got = torch.empty(2, 2, device=dev())
+    dist.scatter(got, [p.to(dev()) for p in parts] if rank == 0 else None, src=0)
     exact(got, parts[rank], "scatter")
     checked.append("gather/scatter")
 
     # In-place results reach every view of the storage; non-contiguous views work.
-    base = torch.zeros(4, 6, device=DEV)
+    base = torch.zeros(4, 6, device=dev())
     flat_view = base.view(-1)
     window = base[:, 1:4]
-    dist.all_reduce(window.copy_(torch.full((4, 3), float(rank + 1), device=DEV)))
+    dist.all_reduce(window.copy_(torch.full((4, 3), float(rank + 1), device=dev())))
     expected = torch.zeros(4, 6)
     expected[:, 1:4] = sum(range(1, world + 1))
     exact(base, expected, "all_reduce into a view: the base")
@@ -185,7 +192,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
 
     # async_op: a Work to wait on and a future holding the outputs.
     x = values((5,), torch.float32, rank)
-    got = x.to(DEV)
+    got = x.to(dev())
     work = dist.all_reduce(got, async_op=True)
     work.wait()
     result = work.get_future().wait()
@@ -198,7 +205,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     # Coalesced all_reduce and the functional collectives DTensor uses.
     import torch.distributed._functional_collectives as funcol
     a, b = values((3,), torch.float32, rank), values((2, 2), torch.float32, rank + 9)
-    ga, gb = a.to(DEV), b.to(DEV)
+    ga, gb = a.to(dev()), b.to(dev())
     with dist._coalescing_manager(async_ops=True) as cm:
         dist.all_reduce(ga)
         dist.all_reduce(gb)
@@ -209,22 +216,22 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     exact(ga, ra, "coalesced all_reduce (a)")
     exact(gb, rb, "coalesced all_reduce (b)")
     # Coalesced all_gather_into_tensor / reduce_scatter_tensor (FSDP-style).
-    outs = [torch.empty(world * 3, device=DEV), torch.empty(world * 4, device=DEV)]
-    with dist._coalescing_manager(device=DEV, async_ops=True) as cm:
-        dist.all_gather_into_tensor(outs[0], a.to(DEV))
-        dist.all_gather_into_tensor(outs[1], b.view(-1).to(DEV))
+    outs = [torch.empty(world * 3, device=dev()), torch.empty(world * 4, device=dev())]
+    with dist._coalescing_manager(device=dev(), async_ops=True) as cm:
+        dist.all_gather_into_tensor(outs[0], a.to(dev()))
+        dist.all_gather_into_tensor(outs[1], b.view(-1).to(dev()))
     cm.wait()
     exact(outs[0], torch.cat(_gathered(a, world)), "coalesced all_gather_into_tensor (a)")
     exact(outs[1], torch.cat(_gathered(b.view(-1), world)), "coalesced all_gather_into_tensor (b)")
     group = dist.group.WORLD
-    exact(funcol.all_reduce(a.to(DEV), "sum", group), ra, "funcol all_reduce")
-    exact(funcol.all_gather_tensor(a.to(DEV), 0, group), torch.cat(_gathered(a, world)), "funcol all_gather_tensor")
+    exact(funcol.all_reduce(a.to(dev()), "sum", group), ra, "funcol all_reduce")
+    exact(funcol.all_gather_tensor(a.to(dev()), 0, group), torch.cat(_gathered(a, world)), "funcol all_gather_tensor")
     rs_in = values((2 * world,), torch.float32, rank)
     rs_ref = rs_in.clone()
     dist.all_reduce(rs_ref)
-    exact(funcol.reduce_scatter_tensor(rs_in.to(DEV), "sum", 0, group), rs_ref.view(world, 2)[rank],
+    exact(funcol.reduce_scatter_tensor(rs_in.to(dev()), "sum", 0, group), rs_ref.view(world, 2)[rank],
           "funcol reduce_scatter_tensor")
-    exact(funcol.all_to_all_single(rs_in.to(DEV), None, None, group),
+    exact(funcol.all_to_all_single(rs_in.to(dev()), None, None, group),
           _all_to_all_cpu(rs_in, world), "funcol all_to_all_single")
     checked.append("coalesced/functional")
 
@@ -232,24 +239,24 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     # send first), recv from any source, batch_isend_irecv around the ring.
     peer = 1 - rank
     x = values((3, 2), torch.float32, rank)
-    got = torch.empty(3, 2, device=DEV)
+    got = torch.empty(3, 2, device=dev())
     if rank == 0:
-        dist.send(x.to(DEV), dst=1)
+        dist.send(x.to(dev()), dst=1)
     else:
         dist.recv(got, src=0)
         exact(got, values((3, 2), torch.float32, 0), "send/recv")
-    send = dist.isend(x.to(DEV), dst=peer, tag=3)
+    send = dist.isend(x.to(dev()), dst=peer, tag=3)
     recv = dist.irecv(got, src=peer, tag=3)
     send.wait()
     recv.wait()
     exact(got, values((3, 2), torch.float32, peer), "isend/irecv")
     if rank == 0:
-        dist.send(x.to(DEV), dst=1, tag=5)
+        dist.send(x.to(dev()), dst=1, tag=5)
     else:
         source = dist.recv(got, tag=5)
         assert source == 0, source
         exact(got, values((3, 2), torch.float32, 0), "recv from any source")
-    ops = [dist.P2POp(dist.isend, x.to(DEV), (rank + 1) % world),
+    ops = [dist.P2POp(dist.isend, x.to(dev()), (rank + 1) % world),
            dist.P2POp(dist.irecv, got, (rank - 1) % world)]
     for req in dist.batch_isend_irecv(ops):
         req.wait()
@@ -266,7 +273,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     assert box == [{"from": 0}], box
     dist.barrier(group=pjrt_group)
     y = values((4,), torch.float32, rank)
-    got = y.to(DEV)
+    got = y.to(dev())
     dist.all_reduce(got, group=pjrt_group)
     want = y.clone()
     dist.all_reduce(want)
@@ -275,7 +282,7 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     solo = dist.new_group([1], backend="pjrt")  # every rank takes part in creating it
     if rank == 1:
         assert dist.get_rank(solo) == 0 and dist.get_world_size(solo) == 1
-        t = torch.full((2,), 5.0, device=DEV)
+        t = torch.full((2,), 5.0, device=dev())
         dist.all_reduce(t, group=solo)
         dist.broadcast(t, group_src=0, group=solo)
         exact(t, torch.full((2,), 5.0), "a one-rank subgroup")
@@ -284,8 +291,8 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
     # A collective inside a compiled graph: the graph runs eagerly (a collective
     # is a host transfer), with the right result.
     fn = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", group) + 1, backend="pjrt")
-    exact(fn(a.to(DEV)), ra * 2 + 1, "compiled graph with a collective")
-    exact(fn(a.to(DEV)), ra * 2 + 1, "compiled graph with a collective, second call")
+    exact(fn(a.to(dev())), ra * 2 + 1, "compiled graph with a collective")
+    exact(fn(a.to(dev())), ra * 2 + 1, "compiled graph with a collective, second call")
     eager_reasons = [why for stats in torch_pjrt.metrics()["compiled"].values() for why in stats["eager_graphs"]]
     checked.append("compiled")
 
@@ -323,37 +330,37 @@ def bad_input(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
     msgs = {}
     n = 4 if rank == 0 else 5
-    msgs["shapes"] = _raises(lambda: dist.all_reduce(torch.ones(n, device=DEV)), "all_reduce", "[4]", "[5]")
+    msgs["shapes"] = _raises(lambda: dist.all_reduce(torch.ones(n, device=dev())), "all_reduce", "[4]", "[5]")
     dtype = torch.float32 if rank == 0 else torch.int64
-    msgs["dtypes"] = _raises(lambda: dist.broadcast(torch.ones(3, dtype=dtype, device=DEV), src=0),
+    msgs["dtypes"] = _raises(lambda: dist.broadcast(torch.ones(3, dtype=dtype, device=dev()), src=0),
                              "broadcast", "Float", "Long")
-    msgs["root"] = _raises(lambda: dist.broadcast(torch.ones(3, device=DEV), src=rank), "root")
+    msgs["root"] = _raises(lambda: dist.broadcast(torch.ones(3, device=dev()), src=rank), "root")
     msgs["different ops"] = _raises(
-        lambda: dist.all_reduce(torch.ones(3, device=DEV)) if rank == 0 else dist.broadcast(
-            torch.ones(3, device=DEV), src=0), "different collectives")
+        lambda: dist.all_reduce(torch.ones(3, device=dev())) if rank == 0 else dist.broadcast(
+            torch.ones(3, device=dev()), src=0), "different collectives")
     msgs["bitwise on float"] = _raises(
-        lambda: dist.all_reduce(torch.ones(3, device=DEV), op=dist.ReduceOp.BAND), "BAND", "integer")
+        lambda: dist.all_reduce(torch.ones(3, device=dev()), op=dist.ReduceOp.BAND), "BAND", "integer")
     msgs["cpu tensor"] = _raises(lambda: dist.all_reduce(torch.ones(3)), "cpu")
     in_splits = [1, 1] if rank == 0 else [2, 2]
     msgs["splits"] = _raises(
-        lambda: dist.all_to_all_single(torch.empty(2 if rank == 0 else 4, device=DEV),
-                                       torch.ones(sum(in_splits), device=DEV), [1, 1] if rank == 0 else [2, 2],
+        lambda: dist.all_to_all_single(torch.empty(2 if rank == 0 else 4, device=dev()),
+                                       torch.ones(sum(in_splits), device=dev()), [1, 1] if rank == 0 else [2, 2],
                                        in_splits), "rows")
     msgs["row shape"] = _raises(
-        lambda: dist.all_to_all_single(torch.empty(4, 3, device=DEV), torch.ones(4, 2, device=DEV)),
+        lambda: dist.all_to_all_single(torch.empty(4, 3, device=dev()), torch.ones(4, 2, device=dev())),
         "all_to_all_single", "differ in shape")
     # recv into a buffer of the wrong size: an error, not gloo's abort.
     if rank == 0:
-        dist.send(torch.ones(10, device=DEV), dst=1)
+        dist.send(torch.ones(10, device=dev()), dst=1)
     else:
-        msgs["recv size"] = _raises(lambda: dist.recv(torch.empty(5, device=DEV), src=0), "sent", "[10]", "[5]")
+        msgs["recv size"] = _raises(lambda: dist.recv(torch.empty(5, device=dev()), src=0), "sent", "[10]", "[5]")
     # The group still works after all of that, with data intact.
-    t = torch.full((3,), float(rank), device=DEV)
+    t = torch.full((3,), float(rank), device=dev())
     dist.all_reduce(t)
     exact(t, torch.full((3,), float(sum(range(world)))), "all_reduce after errors")
     dist.barrier()
     # A receive nobody sends to does not hold up the group's destruction.
-    dist.irecv(torch.empty(2, device=DEV), src=1 - rank, tag=99)
+    dist.irecv(torch.empty(2, device=dev()), src=1 - rank, tag=99)
     start = time.monotonic()
     dist.destroy_process_group()
     return {"messages": msgs, "destroy_seconds": time.monotonic() - start}
@@ -366,7 +373,7 @@ def peer_dies(rank: int, world: int) -> dict[str, Any]:
     if rank == 1:
         os._exit(0)  # dies without a word
     start = time.monotonic()
-    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=DEV)), "pjrt all_reduce")
+    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=dev())), "pjrt all_reduce")
     return {"seconds": time.monotonic() - start, "message": msg}
 
 
@@ -377,14 +384,15 @@ def peer_hangs(rank: int, world: int) -> dict[str, Any]:
     if rank == 1:
         time.sleep(3600)  # alive, never answers (the test kills it)
     start = time.monotonic()
-    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=DEV)), "pjrt all_reduce")
+    msg = _raises(lambda: dist.all_reduce(torch.ones(3, device=dev())), "pjrt all_reduce")
     return {"seconds": time.monotonic() - start, "message": msg}
 
 
 # ---------------------------------------------------------------- training
 def _mlp(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4))
+    with CPU_RNG:
+        torch.manual_seed(seed)
+        return nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 16), nn.GELU(), nn.Linear(16, 4))
 
 
 def _batch(seed: int = 1, n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -432,12 +440,12 @@ def _local_batch(step: int, rank: int, world: int) -> tuple[torch.Tensor, torch.
 def _train_ddp(rank: int, world: int, **ddp_options: Any) -> list[torch.Tensor]:
     """STEPS of SGD on the MLP under DDP (device_ids as CUDA scripts pass them); the parameters after."""
     from torch.nn.parallel import DistributedDataParallel as DDP
-    model = DDP(_mlp().to(DEV), device_ids=[DEV.index], **ddp_options)
+    model = DDP(_mlp().to(dev()), device_ids=[dev().index], **ddp_options)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = _local_batch(step, rank, world)
         opt.zero_grad()
-        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
         opt.step()
     return [p.detach().cpu() for p in model.module.parameters()]
 
@@ -445,13 +453,13 @@ def _train_ddp(rank: int, world: int, **ddp_options: Any) -> list[torch.Tensor]:
 @scenario
 def ddp(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
-    backend = dist.group.WORLD._get_backend(DEV)
+    backend = dist.group.WORLD._get_backend(dev())
     assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
     # device_ids as CUDA scripts pass them (DDP then uses streams and record_stream).
     got = _train_ddp(rank, world, bucket_cap_mb=0.001)  # several buckets
     err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP")
-    gathered = [torch.empty_like(got[0], device=DEV) for _ in range(world)]
-    dist.all_gather(gathered, got[0].to(DEV))
+    gathered = [torch.empty_like(got[0], device=dev()) for _ in range(world)]
+    dist.all_gather(gathered, got[0].to(dev()))
     exact(gathered[0], gathered[1].cpu(), "DDP ranks hold the same parameters")
     dist.destroy_process_group()
     return {"max_rel_error": err, "mode": torch_pjrt.eager_mode(), "transport": backend.transport}
@@ -461,14 +469,14 @@ def ddp(rank: int, world: int) -> dict[str, Any]:
 def renamed_device(rank: int, world: int) -> dict[str, Any]:
     """Run with TORCH_PJRT_DEVICE_NAME=tpu: no backend named, as scripts written
     for a "tpu" device do; then the alias those scripts' libraries use ("tpu_dist")."""
-    assert DEV.type == "tpu", DEV
+    assert dev().type == "tpu", dev()
     dist.init_process_group(timeout=timeout())
-    backend = dist.group.WORLD._get_backend(DEV)
+    backend = dist.group.WORLD._get_backend(dev())
     assert type(backend).__name__ == "_ProcessGroupPjrt", type(backend)
     got = _train_ddp(rank, world)
     err = _close_to_reference(got, _reference_params(_mlp, STEPS), F32_RTOL, "DDP on the renamed device")
     alias = dist.new_group(backend="tpu_dist")
-    total = torch.full((3,), float(rank + 1), device=DEV)
+    total = torch.full((3,), float(rank + 1), device=dev())
     dist.all_reduce(total, group=alias)
     exact(total, torch.full((3,), float(world * (world + 1) // 2)), "all_reduce over tpu_dist")
     dist.destroy_process_group()
@@ -504,10 +512,10 @@ def trainer_ddp(rank: int, world: int) -> dict[str, Any]:
     args = hf_stack.training_args(os.path.join(os.environ["DIST_TEST_OUT"], f"trainer{rank}"), 2, 3)
     trainer = transformers.Trainer(model=hf_stack.make_llama(), args=args, train_dataset=hf_stack.TokenDataset(),
                                    callbacks=[recorder])
-    assert args.world_size == world and args.device == DEV, (args.world_size, args.device)
+    assert args.world_size == world and args.device == dev(), (args.world_size, args.device)
     trainer.train()
     assert isinstance(trainer.model_wrapped, DDP), type(trainer.model_wrapped)
-    assert type(dist.group.WORLD._get_backend(DEV)).__name__ == "_ProcessGroupPjrt"
+    assert type(dist.group.WORLD._get_backend(dev())).__name__ == "_ProcessGroupPjrt"
     return _hf_ddp_report(rank, world, [s.params for s in recorder.states], "Trainer DDP")
 
 
@@ -518,7 +526,7 @@ def accelerate_ddp(rank: int, world: int) -> dict[str, Any]:
     from accelerate import Accelerator
     from torch.nn.parallel import DistributedDataParallel as DDP
     accelerator = Accelerator()
-    assert accelerator.device == DEV and accelerator.num_processes == world, (accelerator.device,
+    assert accelerator.device == dev() and accelerator.num_processes == world, (accelerator.device,
                                                                              accelerator.num_processes)
     model = hf_stack.make_llama()
     opt = torch.optim.AdamW(model.parameters(), lr=hf_stack.LR, weight_decay=0.0)
@@ -529,7 +537,7 @@ def accelerate_ddp(rank: int, world: int) -> dict[str, Any]:
     for step, batch in enumerate(loader):
         if step == 3:
             break
-        assert batch["input_ids"].device == DEV
+        assert batch["input_ids"].device == dev()
         loss = model(input_ids=batch["input_ids"], labels=batch["labels"]).loss
         accelerator.backward(loss)
         opt.step()
@@ -547,7 +555,7 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
     for name, reshard, mp in [("reshard", True, None), ("no reshard", False, None),
                               ("bf16 params", True, MixedPrecisionPolicy(param_dtype=torch.bfloat16,
                                                                          reduce_dtype=torch.float32))]:
-        model = _mlp().to(DEV)
+        model = _mlp().to(dev())
         for layer in model:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, reshard_after_forward=reshard, mp_policy=mp or MixedPrecisionPolicy())
@@ -556,7 +564,7 @@ def fsdp(rank: int, world: int) -> dict[str, Any]:
         for step in range(STEPS):
             x, y = _local_batch(step, rank, world)
             opt.zero_grad()
-            F.mse_loss(model(x.to(DEV)).float(), y.to(DEV)).backward()
+            F.mse_loss(model(x.to(dev())).float(), y.to(dev())).backward()
             opt.step()
         got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.cpu() for p in model.parameters()]
         # bf16 forward and backward: bf16 keeps 8 bits, so a few steps stay within a few 2^-8.
@@ -593,8 +601,9 @@ class _Block(nn.Module):
 
 
 def _block(seed: int = 0) -> nn.Module:
-    torch.manual_seed(seed)
-    return _Block()
+    with CPU_RNG:
+        torch.manual_seed(seed)
+        return _Block()
 
 
 def _seq_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -609,14 +618,14 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     dist.init_process_group("pjrt", timeout=timeout())
     mesh = init_device_mesh("pjrt", (world,))
-    model = parallelize_module(_block().to(DEV), mesh, {
+    model = parallelize_module(_block().to(dev()), mesh, {
         "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
         "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
         x, y = _seq_batch(step)  # the same full batch on every rank
         opt.zero_grad()
-        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
         opt.step()
     got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
     err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
@@ -637,24 +646,98 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
+    """The collectives over any number of ranks against CPU gloo's: integers bit for bit;
+    float sums within float rounding (over more than two ranks the order of a sum is the
+    transport's own; min, max and data movement stay exact)."""
+    dist.init_process_group("cpu:gloo,pjrt:pjrt", timeout=timeout())
+    R = dist.ReduceOp
+    checked = []
+    for dtype in (torch.int64, torch.int32, torch.float32):
+        for op in (R.SUM, R.MIN, R.MAX, R.PRODUCT):
+            x = values((5, 3), dtype, rank)
+            got, want = x.to(dev()), x.clone()
+            dist.all_reduce(got, op=op)
+            dist.all_reduce(want, op=op)
+            if dtype.is_floating_point and op == R.SUM:  # a sum in another order: within its rounding
+                magnitude = x.abs()
+                dist.all_reduce(magnitude)
+                bound = world * torch.finfo(dtype).eps * magnitude
+                assert ((got.cpu() - want).abs() <= bound).all(), f"all_reduce SUM {dtype}: {got.cpu()} vs {want}"
+            elif dtype.is_floating_point and op == R.PRODUCT:  # no cancellation: relative rounding
+                torch.testing.assert_close(got.cpu(), want, rtol=world * torch.finfo(dtype).eps, atol=0)
+            else:
+                exact(got, want, f"all_reduce {op} {dtype}")
+            checked.append(f"all_reduce {op} {dtype}")
+    x = values((2, 3), torch.int64, rank)
+    out = torch.empty(world * 2, 3, dtype=torch.int64, device=dev())
+    dist.all_gather_into_tensor(out, x.to(dev()))
+    ref = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(ref, x)
+    exact(out, torch.cat(ref), "all_gather_into_tensor")
+    full = values((world * 3,), torch.int64, 10 + rank)
+    got = torch.empty(3, dtype=torch.int64, device=dev())
+    dist.reduce_scatter_tensor(got, full.to(dev()))
+    want = full.clone()
+    dist.all_reduce(want)
+    exact(got, want.view(world, 3)[rank], "reduce_scatter_tensor")
+    for root in (0, world - 1):
+        b = values((4,), torch.float32, rank)
+        want = b.clone()
+        got = b.to(dev())
+        dist.broadcast(got, src=root)
+        dist.broadcast(want, src=root)
+        exact(got, want, f"broadcast from {root}")
+    x = values((world * 2, 2), torch.float32, rank)
+    got = torch.empty_like(x, device=dev())
+    dist.all_to_all_single(got, x.to(dev()))
+    want = torch.empty_like(x)
+    dist.all_to_all_single(want, x)
+    exact(got, want, "all_to_all_single")
+    parts = [values((2,), torch.int64, 50 + j) for j in range(world)]
+    got = torch.empty(2, dtype=torch.int64, device=dev())
+    dist.scatter(got, [p.to(dev()) for p in parts] if rank == world - 1 else None, src=world - 1)
+    exact(got, parts[rank], "scatter")
+    dist.barrier()
+    transport = dist.group.WORLD._get_backend(dev()).transport
+    dist.destroy_process_group()
+    return {"checked": checked, "transport": transport}
+
+
+@scenario
+def one_rank_raises(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 raises before a collective the others wait in: they raise too, in time."""
+    dist.init_process_group("pjrt", timeout=timeout())
+    dist.all_reduce(torch.ones(2, device=dev()))  # the group works
+    if rank == 1:
+        raise RuntimeError("rank 1 gives up")
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(2, device=dev()))
+    except Exception as e:  # noqa: BLE001  (what the test wants to see)
+        raise RuntimeError(f"the collective failed after {time.monotonic() - start:.1f} s: {e}") from e
+    return {"no error": True}
+
+
+@scenario
 def split_mesh(rank: int, world: int) -> dict[str, Any]:
     """init_process_group(device_id=...) (as Lightning passes it) makes DeviceMesh split the
     group: a 2-D mesh's row and column groups, each all-reduce's values against the ranks'."""
     from torch.distributed.device_mesh import init_device_mesh
-    dist.init_process_group("pjrt", timeout=timeout(), device_id=DEV)
+    dist.init_process_group("pjrt", timeout=timeout(), device_id=dev())
     rows = 2
-    mesh = init_device_mesh(DEV.type, (rows, world // rows), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(dev().type, (rows, world // rows), mesh_dim_names=("replicate", "shard"))
     checked = []
     for dim, name in enumerate(("replicate", "shard")):
         group = mesh.get_group(name)
         members = dist.get_process_group_ranks(group)
         assert rank in members and len(members) == mesh.shape[dim], (name, members)
-        x = torch.full((3,), float(rank + 1), device=DEV) * torch.arange(1, 4, device=DEV)
+        x = torch.full((3,), float(rank + 1), device=dev()) * torch.arange(1, 4, device=dev())
         dist.all_reduce(x, group=group)
         want = float(sum(m + 1 for m in members)) * torch.arange(1, 4, dtype=torch.float32)
         exact(x, want, f"all_reduce over the mesh's {name} group {members}")
-        gathered = [torch.empty(1, device=DEV) for _ in members]
-        dist.all_gather(gathered, torch.tensor([float(rank)], device=DEV), group=group)
+        gathered = [torch.empty(1, device=dev()) for _ in members]
+        dist.all_gather(gathered, torch.tensor([float(rank)], device=dev()), group=group)
         exact(torch.cat(gathered), torch.tensor([float(m) for m in members]), f"all_gather over {name}")
         checked.append(members)
     dist.destroy_process_group()
@@ -671,7 +754,7 @@ def checkpoint(rank: int, world: int) -> dict[str, Any]:
     from torch.distributed.tensor import DTensor
     dist.init_process_group("pjrt", timeout=timeout())
     ckpt = os.path.join(os.environ["DIST_TEST_OUT"], "ckpt")
-    model = _mlp().to(DEV)
+    model = _mlp().to(dev())
     fully_shard(model)  # sharded over this run's world: 2 ranks save, 1 loads
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     full = lambda t: (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu()  # noqa: E731
@@ -679,7 +762,7 @@ def checkpoint(rank: int, world: int) -> dict[str, Any]:
         for step in range(2):
             x, y = _local_batch(step, rank, world)
             opt.zero_grad()
-            F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+            F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
             opt.step()
         msd, osd = get_state_dict(model, opt)
         dcp.save({"model": msd, "optim": osd}, checkpoint_id=ckpt)
@@ -689,7 +772,7 @@ def checkpoint(rank: int, world: int) -> dict[str, Any]:
         result = {"saved": sorted(expected)}
     else:
         x, y = _local_batch(0, rank, world)
-        F.mse_loss(model(x.to(DEV)), y.to(DEV)).backward()
+        F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
         opt.step()  # creates the optimizer state to load into
         opt.zero_grad()
         msd, osd = get_state_dict(model, opt)
@@ -699,7 +782,7 @@ def checkpoint(rank: int, world: int) -> dict[str, Any]:
         expected = torch.load(os.path.join(os.environ["DIST_TEST_OUT"], "expected.pt"))
         loaded = {k: full(v) for k, v in get_state_dict(model, opt)[0].items()}
         for k, v in expected.items():
-            exact(loaded[k].to(DEV), v, f"loaded {k}")
+            exact(loaded[k].to(dev()), v, f"loaded {k}")
         exp_avg = [full(s["exp_avg"]) for s in get_state_dict(model, opt)[1]["state"].values()]
         assert all(torch.isfinite(e).all() and e.abs().sum() > 0 for e in exp_avg), "optimizer state not loaded"
         result = {"loaded": sorted(loaded)}

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import datetime
 import os
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from . import _C
+from .. import _C
 
 BACKEND = "pjrt"
 # The device's name: "pjrt" unless TORCH_PJRT_DEVICE_NAME renamed it (e.g. "tpu").
@@ -56,11 +57,46 @@ def _create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.t
     return _make_backend(store, rank, size, timeout)
 
 
+def _xla_device_ids(store: dist.Store, rank: int, size: int) -> list[int]:
+    """Every rank's global device id when the XLA transport can join them (all ranks
+    are threads of this process, each on its own device), else []."""
+    choice = os.environ.get("TORCH_PJRT_DIST_TRANSPORT", "auto")
+    if choice not in ("auto", "host", "xla"):
+        raise ValueError(f"TORCH_PJRT_DIST_TRANSPORT={choice!r}: expected auto, host or xla")
+    if choice == "host":
+        return []
+    device = getattr(torch, DEVICE).current_device()
+    store.set(f"pjrt_device/{rank}", f"{os.getpid()}:{_C._device_global_id(device)}")
+    members = [store.get(f"pjrt_device/{r}").decode().split(":") for r in range(size)]
+    ids = [int(device_id) for _, device_id in members]
+    joinable = len({pid for pid, _ in members}) == 1 and len(set(ids)) == size
+    if choice == "xla" and not joinable:
+        raise RuntimeError("TORCH_PJRT_DIST_TRANSPORT=xla: this plugin's XLA collectives join the devices of one "
+                           "process only, and this group's ranks are processes (or share a device); run them as "
+                           "threads (torch_pjrt.distributed.spawn) or leave the choice to torch_pjrt")
+    return ids if joinable else []
+
+
 def _make_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> object:
     """A group's backend; its subgroups (c10d's split_group, which DeviceMesh uses when
-    init_process_group was given a device_id) are made the same way by their members."""
+    init_process_group was given a device_id) are made the same way by their members.
+    Host-staged through gloo unless the XLA transport can join the ranks' devices."""
     host = dist.ProcessGroupGloo(dist.PrefixStore("pjrt_host/", store), rank, size, timeout)
-    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled(), _make_backend, timeout)
+    device_ids = _xla_device_ids(store, rank, size)
+    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled(), _make_backend, timeout, device_ids)
+
+
+def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int | None = None, prefix_output: bool = True) -> list[Any]:
+    """Ranks as threads of this process, one pjrt device each (torch_pjrt.distributed.threads)."""
+    from . import threads
+
+    return threads.spawn(fn, args, nprocs, prefix_output)
+
+
+def transport_stats() -> dict[str, Any]:
+    """Collectives run in this process by transport ("xla", "host (gloo)") and the bytes
+    the host-staged transport moved through the host."""
+    return dict(_C._transport_stats())
 
 
 def register() -> None:

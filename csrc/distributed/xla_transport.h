@@ -1,0 +1,36 @@
+// The XLA transport: a group's collectives as StableHLO programs over its
+// members' devices (lowering/collectives.h), each member launching its own
+// device's part; the bytes never leave the devices. Used where every member's
+// device is addressable by this process's client (ranks as threads of one
+// process: torch_pjrt.distributed.spawn); a plugin whose client spans processes
+// (node_id/num_nodes and a key-value store) would use it across processes too.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/process_group.h"
+
+namespace torch_pjrt::distributed {
+
+// control: the transport that carries `exchange` (the ranks' signatures, a few
+// integers), point to point and all-to-all with unequal splits. device_ids:
+// every member's global device id, by rank.
+std::unique_ptr<Transport> make_xla_transport(std::unique_ptr<Transport> control, int rank, int size,
+                                              std::vector<int64_t> device_ids);
+
+// Collectives run so far in this process, by transport name, and the bytes the
+// host-staged transport moved through the host.
+struct TransportStats {
+  std::map<std::string, int64_t> collectives;
+  int64_t host_bytes = 0;
+};
+TransportStats transport_stats();
+void reset_transport_stats();
+void count_collective(const std::string& transport);
+void count_host_bytes(int64_t bytes);
+
+}  // namespace torch_pjrt::distributed

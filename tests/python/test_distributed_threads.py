@@ -1,0 +1,93 @@
+"""Ranks as threads of one process, one pjrt device each (torch_pjrt.distributed.spawn and
+python -m torch_pjrt.distributed.run), their collectives run as XLA programs over the
+devices (the XLA transport): each scenario of dist_workers.py checks its values against
+CPU gloo or single-device training, and no byte goes through the host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+HERE = Path(__file__).parent
+
+
+def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300, through_host: bool = False) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="8", DIST_TEST_TIMEOUT="60", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), name, str(world), str(out)], cwd=HERE,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
+    result = json.loads(out.read_text())
+    assert len(result["reports"]) == world
+    # Every collective ran on the devices; none moved bytes through the host unless it has
+    # no XLA program yet (point to point, all-to-all with unequal splits: `through_host`).
+    assert set(result["transport"]["collectives"]) == {"xla"}, result["transport"]
+    assert (result["transport"]["host_bytes"] > 0) == through_host, result["transport"]
+    return result
+
+
+def test_every_collective_matches_gloo_bit_for_bit_over_two_rank_threads(tmp_path: Path) -> None:
+    # (its send/recv and all-to-all with unequal splits still go through the host)
+    reports = _threads("collectives", 2, tmp_path, through_host=True)["reports"]
+    assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
+
+
+@pytest.mark.parametrize("world", [4, 8])
+def test_collectives_over_more_rank_threads_match_gloo(tmp_path: Path, world: int) -> None:
+    reports = _threads("collectives_any_world", world, tmp_path)["reports"]
+    assert all(r["transport"] == "xla" for r in reports), reports
+
+
+def test_ddp_over_four_rank_threads_matches_single_device_training(tmp_path: Path) -> None:
+    reports = _threads("ddp", 4, tmp_path)["reports"]
+    assert all(r["transport"] == "xla" for r in reports), reports
+
+
+def test_fsdp2_resharded_or_not_matches_single_device_training(tmp_path: Path) -> None:
+    _threads("fsdp", 2, tmp_path)
+
+
+def test_a_2d_mesh_splits_into_xla_subgroups(tmp_path: Path) -> None:
+    reports = _threads("split_mesh", 4, tmp_path)["reports"]
+    assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]
+
+
+def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", DIST_TEST_TIMEOUT="60")
+    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises", "2",
+                           str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
+    assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 0 raised" in proc.stderr and "the collective failed after 0." in proc.stderr, proc.stderr[-3000:]
+
+
+def test_the_launcher_runs_a_torchrun_script_once_per_rank_thread(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import os, sys, torch, torch.distributed as dist\n"
+        "dist.init_process_group('pjrt')\n"
+        "rank, local = int(os.environ['RANK']), int(os.environ['LOCAL_RANK'])\n"
+        "x = torch.full((2,), float(rank + 1), device=f'pjrt:{local}')\n"
+        "dist.all_reduce(x)\n"
+        "print('rank', dist.get_rank(), 'of', os.environ['WORLD_SIZE'], 'args', sys.argv[1:], 'sum', x.cpu().tolist())\n"
+        "dist.destroy_process_group()\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_PJRT_CPU_DEVICES"}
+    proc = subprocess.run([sys.executable, "-m", "torch_pjrt.distributed.run", "--nproc-per-node", "3", str(script),
+                           "--lr", "0.1"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("[rank"))
+    assert lines == [f"[rank {r}] rank {r} of 3 args ['--lr', '0.1'] sum [6.0, 6.0]" for r in range(3)], proc.stdout
+
+
+def test_spawn_refuses_more_ranks_than_devices() -> None:
+    import torch_pjrt.distributed as pjrt_dist
+
+    with pytest.raises(ValueError, match="ranks need as many .* devices in this process"):
+        pjrt_dist.spawn(lambda rank: None, nprocs=64)
