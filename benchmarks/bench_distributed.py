@@ -1,8 +1,11 @@
 """torch.distributed benchmark (not a test): all_reduce bandwidth of the pjrt
 backend next to gloo on CPU tensors, and the DDP training step with 1 and 2
-processes on pjrt next to the same on CPU over gloo, in one run.
+processes on pjrt next to the same on CPU over gloo, in one run; then 4 ranks as
+threads of one process (torch_pjrt.distributed.spawn): all_reduce and all_gather
+latency and bandwidth through the XLA transport next to the host-staged one and to
+gloo on CPU tensors, and an FSDP2 step with either transport.
 
-    .venv/bin/python benchmarks/bench_distributed.py [--iters N] [--steps N]
+    .venv/bin/python benchmarks/bench_distributed.py [--iters N] [--steps N] [--only processes|threads]
 
 The driver launches the ranks itself with torchrun (--standalone, on this
 machine). Bandwidth is the algorithm bandwidth of all_reduce SUM on float32:
@@ -92,6 +95,106 @@ def worker_ddp(out: str, device: str, steps: int) -> None:
     dist.destroy_process_group()
 
 
+THREADS = 4
+
+
+def _thread_rank_bandwidth(rank: int, iters: int) -> list[dict[str, float]]:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("cpu:gloo,pjrt:pjrt")
+    xla = dist.group.WORLD
+    os.environ["TORCH_PJRT_DIST_TRANSPORT"] = "host"  # every rank sets it before the next group
+    host = dist.new_group(backend="pjrt")
+    dist.barrier(group=xla)
+    os.environ["TORCH_PJRT_DIST_TRANSPORT"] = "auto"
+    dev = torch.device("pjrt", rank)
+    rows = []
+    for size in SIZES:
+        n = size // 4
+        n_iters = max(3, min(iters, (32 << 20) // size))
+        row: dict[str, float] = {"bytes": size}
+        for op in ("all_reduce", "all_gather"):
+            cpu, pj = torch.ones(n), torch.ones(n, device=dev)
+            cpu_out = torch.empty(n * THREADS)
+            pj_out = torch.empty(n * THREADS, device=dev)
+            if op == "all_reduce":
+                calls = {"gloo_cpu": (lambda: dist.all_reduce(cpu), "cpu"),
+                         "xla": (lambda: dist.all_reduce(pj, group=xla), "pjrt"),
+                         "host": (lambda: dist.all_reduce(pj, group=host), "pjrt")}
+            else:
+                calls = {"gloo_cpu": (lambda: dist.all_gather_into_tensor(cpu_out, cpu), "cpu"),
+                         "xla": (lambda: dist.all_gather_into_tensor(pj_out, pj, group=xla), "pjrt"),
+                         "host": (lambda: dist.all_gather_into_tensor(pj_out, pj, group=host), "pjrt")}
+            for name, (fn, device) in calls.items():
+                row[f"{op}_{name}"] = _timed(fn, device, n_iters)
+        rows.append(row)
+    dist.destroy_process_group()
+    return rows
+
+
+def _thread_rank_fsdp(rank: int, steps: int, transport: str) -> float:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    from torch_pjrt.bench import time_loop
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
+    from models import TinyTransformer, synthetic_tokens
+
+    os.environ["TORCH_PJRT_DIST_TRANSPORT"] = transport
+    dist.init_process_group("pjrt")
+    dev = torch.device("pjrt", rank)
+    vocab, seq, batch = 256, 64, 8
+    model = TinyTransformer(vocab=vocab, dim=128, heads=4, layers=2, seq=seq).to(dev)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = (t.to(dev) for t in synthetic_tokens(batch, seq, vocab, seed=rank))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).backward()
+        opt.step()
+
+    _, times = time_loop(step, "pjrt", 1, warmup=3, repeats=steps)
+    dist.destroy_process_group()
+    return statistics.median(times) * 1e3
+
+
+def worker_threads(out: str, iters: int, steps: int) -> None:
+    import torch_pjrt.distributed as pjrt_dist
+
+    bandwidth = pjrt_dist.spawn(_thread_rank_bandwidth, args=(iters,), nprocs=THREADS, prefix_output=False)[0]
+    fsdp = {t: pjrt_dist.spawn(_thread_rank_fsdp, args=(steps, t), nprocs=THREADS, prefix_output=False)[0]
+            for t in ("xla", "host")}
+    with open(out, "w") as f:
+        json.dump({"bandwidth": bandwidth, "fsdp_ms": fsdp, "transport": pjrt_dist.transport_stats()}, f)
+
+
+def _print_threads(result: dict) -> None:
+    print(f"\n{THREADS} ranks as threads of one process, one pjrt device each (torch_pjrt.distributed.spawn): "
+          "latency ms and algorithm bandwidth MB/s")
+    print(f"{'size':>8} | {'all_reduce: xla':>16} {'host':>14} {'gloo CPU':>14} | {'all_gather: xla':>16} "
+          f"{'host':>14} {'gloo CPU':>14}")
+    for r in result["bandwidth"]:
+        size = r["bytes"]
+        label = f"{size >> 20} MiB" if size >= 1 << 20 else f"{size >> 10} KiB"
+        cells = []
+        for op in ("all_reduce", "all_gather"):
+            for name in ("xla", "host", "gloo_cpu"):
+                t = r[f"{op}_{name}"]
+                cells.append(f"{t * 1e3:6.2f} {size / t / 1e6:7.0f}")
+        print(f"{label:>8} | {cells[0]:>16} {cells[1]:>14} {cells[2]:>14} | {cells[3]:>16} {cells[4]:>14} "
+              f"{cells[5]:>14}")
+    fsdp = result["fsdp_ms"]
+    print(f"FSDP2 step, GPT-style decoder (2 x d128, 8x64 tokens per rank, AdamW), {THREADS} rank threads, median ms: "
+          f"XLA transport {fsdp['xla']:.1f}, host-staged {fsdp['host']:.1f}")
+
+
 def launch(nproc: int, *worker_args: str) -> None:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            __file__, "--worker", *worker_args]
@@ -103,16 +206,31 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--only", choices=["processes", "threads"])
     p.add_argument("--worker", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         kind, out, *rest = args.worker
         if kind == "bandwidth":
             worker_bandwidth(out, args.iters)
+        elif kind == "threads":
+            worker_threads(out, args.iters, args.steps)
         else:
             worker_ddp(out, rest[0], args.steps)
         return
+    if args.only != "threads":
+        _processes(args)
+    if args.only != "processes":
+        with tempfile.TemporaryDirectory() as tmp:
+            out = os.path.join(tmp, "threads.json")
+            env = dict(os.environ, TORCH_PJRT_CPU_DEVICES=str(THREADS), OMP_NUM_THREADS="1")
+            subprocess.run([sys.executable, __file__, "--iters", str(args.iters), "--steps", str(args.steps),
+                            "--worker", "threads", out], env=env, check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                _print_threads(json.load(f))
 
+
+def _processes(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         bw = os.path.join(tmp, "bw.json")
         launch(2, "bandwidth", bw, "--iters", str(args.iters))
