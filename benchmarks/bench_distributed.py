@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Any, Callable
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -65,34 +66,44 @@ def worker_bandwidth(out: str, iters: int) -> None:
 def worker_ddp(out: str, device: str, steps: int) -> None:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("pjrt" if device == "pjrt" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dev = torch.device("pjrt", 0) if device == "pjrt" else torch.device("cpu")
+    torch.manual_seed(0)
+    ms = _median_step_ms(lambda model: DistributedDataParallel(model.to(dev)), dev, rank, steps)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump({"ms": ms, "tokens_per_s": world * BATCH * SEQ / (ms / 1e3)}, f)
+    dist.destroy_process_group()
+
+
+VOCAB, SEQ, BATCH = 256, 64, 8
+
+
+def _median_step_ms(wrap: Callable[[Any], Any], dev: Any, rank: int, steps: int) -> float:
+    """Median milliseconds of one AdamW step of the example transformer, wrapped by `wrap`
+    (DDP, FSDP2), on this rank's own synthetic batch."""
+    import torch
+    import torch.nn.functional as F
 
     from torch_pjrt.bench import time_loop
 
     sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
     from models import TinyTransformer, synthetic_tokens
 
-    dist.init_process_group("pjrt" if device == "pjrt" else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    dev = torch.device("pjrt", 0) if device == "pjrt" else torch.device("cpu")
-    torch.manual_seed(0)
-    vocab, seq, batch = 256, 64, 8
-    model = DistributedDataParallel(TinyTransformer(vocab=vocab, dim=128, heads=4, layers=2, seq=seq).to(dev))
+    model = wrap(TinyTransformer(vocab=VOCAB, dim=128, heads=4, layers=2, seq=SEQ))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = (t.to(dev) for t in synthetic_tokens(batch, seq, vocab, seed=rank))
+    x, y = (t.to(dev) for t in synthetic_tokens(BATCH, SEQ, VOCAB, seed=rank))
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).backward()
+        F.cross_entropy(model(x).reshape(-1, VOCAB), y.reshape(-1)).backward()
         opt.step()
 
-    _, times = time_loop(step, device, 1, warmup=3, repeats=steps)
-    ms = statistics.median(times) * 1e3
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump({"ms": ms, "tokens_per_s": world * batch * seq / (ms / 1e3)}, f)
-    dist.destroy_process_group()
+    _, times = time_loop(step, dev.type, 1, warmup=3, repeats=steps)
+    return statistics.median(times) * 1e3
 
 
 THREADS = 4
@@ -136,33 +147,21 @@ def _thread_rank_bandwidth(rank: int, iters: int) -> list[dict[str, float]]:
 def _thread_rank_fsdp(rank: int, steps: int, transport: str) -> float:
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
-
-    from torch_pjrt.bench import time_loop
-
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
-    from models import TinyTransformer, synthetic_tokens
 
     os.environ["TORCH_PJRT_DIST_TRANSPORT"] = transport
     dist.init_process_group("pjrt")
     dev = torch.device("pjrt", rank)
-    vocab, seq, batch = 256, 64, 8
-    model = TinyTransformer(vocab=vocab, dim=128, heads=4, layers=2, seq=seq).to(dev)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    x, y = (t.to(dev) for t in synthetic_tokens(batch, seq, vocab, seed=rank))
 
-    def step() -> None:
-        opt.zero_grad(set_to_none=True)
-        F.cross_entropy(model(x).reshape(-1, vocab), y.reshape(-1)).backward()
-        opt.step()
+    def shard(model: Any) -> Any:
+        model = model.to(dev)
+        for block in model.blocks:
+            fully_shard(block)
+        return fully_shard(model)
 
-    _, times = time_loop(step, "pjrt", 1, warmup=3, repeats=steps)
+    ms = _median_step_ms(shard, dev, rank, steps)
     dist.destroy_process_group()
-    return statistics.median(times) * 1e3
+    return ms
 
 
 def worker_threads(out: str, iters: int, steps: int) -> None:

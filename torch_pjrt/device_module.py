@@ -47,8 +47,12 @@ def set_device(device: int | str | torch.device) -> None:
     torch.accelerator.set_device_index(idx if idx is not None else 0)
 
 
-def synchronize(device: int | None = None) -> None:
-    _C._synchronize(-1 if device is None else int(device))
+def synchronize(device: int | str | torch.device | None = None) -> None:
+    if device is None:
+        _C._synchronize(current_device())
+        return
+    idx = torch.device(device).index if not isinstance(device, int) else device
+    _C._synchronize(current_device() if idx is None else idx)
 
 
 def _is_in_bad_fork() -> bool:

@@ -196,15 +196,23 @@ FrameCapture frame_capture() { return g_frame_capture.load(std::memory_order_rel
 
 executor::DeviceGraph& graph_of(int device) { return executor::device_graph(rt(), device < 0 ? 0 : device); }
 
+namespace {
+void flush_graph(executor::DeviceGraph& g, executor::FlushReason reason) {
+  try {
+    g.flush(reason);
+  } catch (const executor::GraphError& e) {
+    rethrow(e);
+  }
+}
+}  // namespace
+
 void flush_all(executor::FlushReason reason) {
   if (!runtime_ready()) return;
-  for (auto* g : executor::device_graphs()) {
-    try {
-      g->flush(reason);
-    } catch (const executor::GraphError& e) {
-      rethrow(e);
-    }
-  }
+  for (auto* g : executor::device_graphs()) flush_graph(*g, reason);
+}
+
+void flush_device(int device, executor::FlushReason reason) {
+  if (runtime_ready()) flush_graph(graph_of(device), reason);
 }
 
 std::shared_ptr<runtime::Buffer> materialize(StorageState* st) {

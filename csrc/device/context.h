@@ -79,6 +79,10 @@ void set_capturing(bool on);
 executor::DeviceGraph& graph_of(int device);
 // Launches every device's pending graph (a mark_step); does not wait.
 void flush_all(executor::FlushReason reason);
+// Launches one device's pending graph; does not wait.
+void flush_device(int device, executor::FlushReason reason);
+// The calling thread's current pjrt device (the device guard's; registration.cc).
+int current_device_index();
 // Flushes the storage's device graph if its contents are pending; returns its
 // buffer (taken under the graph's lock; null when never written).
 std::shared_ptr<runtime::Buffer> materialize(StorageState* st);

@@ -55,14 +55,21 @@ struct PjrtGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count_or_zero());
   }
-  // PJRT executes in program order per device; events are no-ops that sync fully.
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  // PJRT executes in program order per device, so an event is only the device it was
+  // recorded on (kept in the handle itself as index + 1, nothing allocated): waiting for
+  // it waits for that device. Not for every device: in a process whose ranks are
+  // threads, that would wait on the other ranks' collectives.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex, const c10::EventFlag) const override {
+    *event = reinterpret_cast<void*>(static_cast<intptr_t>(stream.device_index()) + 1);
+  }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
   void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream& s) const override { synchronize(s.device_index()); }
-  void synchronizeEvent(void*) const override { synchronize(-1); }
+  void synchronizeEvent(void* event) const override {
+    if (event != nullptr) synchronize(static_cast<int>(reinterpret_cast<intptr_t>(event) - 1));
+  }
   void synchronizeDevice(const c10::DeviceIndex d) const override { synchronize(d); }
 };
 

@@ -512,7 +512,20 @@ void average(const c10d::ReduceOp& op, const at::Tensor& out, int size) {
   }
 }
 
-void flush_pending() { device::flush_all(executor::FlushReason::Collective); }
+// Launches what is pending on the devices of a collective's tensors (the caller's
+// device when none is a pjrt tensor), not on every device: where ranks are threads
+// of one process, another rank's graph may be held by that rank while its launch
+// waits, inside PJRT, for this rank's part of an earlier collective.
+void flush_pending(const std::vector<at::Tensor>& tensors = {}) {
+  std::vector<int> devices;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || !t.device().is_privateuseone()) continue;
+    const int d = t.device().index();
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  }
+  if (devices.empty()) devices.push_back(device::current_device_index());
+  for (int d : devices) device::flush_device(d, executor::FlushReason::Collective);
+}
 
 
 }  // namespace
@@ -646,7 +659,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::broadcast(std::vector<at::Tenso
   check_tensors("broadcast", tensors, 1);
   check_root("broadcast", opts.rootRank, size_);
   agree({c10d::OpType::BROADCAST, tensors, opts.rootRank});
-  flush_pending();
+  flush_pending(tensors);
   transported("broadcast", [&] { return transport_->broadcast(tensors[0], static_cast<int>(opts.rootRank)); });
   return done(tensors, c10d::OpType::BROADCAST);
 }
@@ -656,7 +669,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allreduce(std::vector<at::Tenso
   check_tensors("all_reduce", tensors, 1);
   const RedOp op = base_op("all_reduce", opts.reduceOp, tensors[0].scalar_type());
   agree({c10d::OpType::ALLREDUCE, tensors, -1, opts.reduceOp.op_});
-  flush_pending();
+  flush_pending(tensors);
   at::Tensor& t = tensors[0];
   at::Tensor x = premultiplied(opts.reduceOp, t);
   transported("all_reduce", [&] { return transport_->all_reduce(x, op); });
@@ -671,7 +684,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allreduce_coalesced(std::vector
   std::vector<RedOp> ops;
   for (const at::Tensor& t : tensors) ops.push_back(base_op("all_reduce_coalesced", opts.reduceOp, t.scalar_type()));
   agree({c10d::OpType::ALLREDUCE_COALESCED, tensors, -1, opts.reduceOp.op_});
-  flush_pending();
+  flush_pending(tensors);
   for (size_t i = 0; i < tensors.size(); ++i) {
     at::Tensor x = premultiplied(opts.reduceOp, tensors[i]);
     transported("all_reduce_coalesced", [&] { return transport_->all_reduce(x, ops[i]); });
@@ -687,7 +700,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::reduce(std::vector<at::Tensor>&
   check_root("reduce", opts.rootRank, size_);
   const RedOp op = base_op("reduce", opts.reduceOp, tensors[0].scalar_type());
   agree({c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_});
-  flush_pending();
+  flush_pending(tensors);
   at::Tensor& t = tensors[0];
   at::Tensor x = premultiplied(opts.reduceOp, t);
   transported("reduce", [&] { return transport_->reduce(x, static_cast<int>(opts.rootRank), op); });
@@ -707,7 +720,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allgather(std::vector<std::vect
   check_tensors("all_gather", outputs[0]);
   for (const at::Tensor& o : outputs[0]) check_same("all_gather", o, inputs[0], "an output");
   agree({c10d::OpType::ALLGATHER, inputs});
-  flush_pending();
+  flush_pending(inputs);
   const at::Tensor& in = inputs[0];
   at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
   transported("all_gather", [&] { return transport_->all_gather(flat, in); });
@@ -722,7 +735,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::_allgather_base(at::Tensor& out
               "pjrt all_gather_into_tensor: the output is ", describe(output.scalar_type(), output.sizes()),
               ", expected ", size_, " times the input ", describe(input.scalar_type(), input.sizes()));
   agree({c10d::OpType::_ALLGATHER_BASE, {input}});
-  flush_pending();
+  flush_pending({input});
   transported("all_gather_into_tensor", [&] { return transport_->all_gather(output, input); });
   return done({output}, c10d::OpType::_ALLGATHER_BASE);
 }
@@ -766,7 +779,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::gather(std::vector<std::vector<
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "pjrt gather: only the root passes output tensors");
   }
   agree({c10d::OpType::GATHER, inputs, opts.rootRank});
-  flush_pending();
+  flush_pending(inputs);
   const at::Tensor& in = inputs[0];
   at::Tensor flat = is_root ? at::empty({size_ * in.numel()}, in.options()) : at::Tensor();
   transported("gather", [&] { return transport_->gather(flat, in, static_cast<int>(opts.rootRank)); });
@@ -791,7 +804,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::scatter(std::vector<at::Tensor>
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "pjrt scatter: only the root passes input tensors");
   }
   agree({c10d::OpType::SCATTER, outputs, opts.rootRank});
-  flush_pending();
+  flush_pending(outputs);
   if (is_root) {
     std::vector<at::Tensor> flattened;
     for (const at::Tensor& i : inputs[0]) flattened.push_back(i.reshape({-1}));
@@ -811,7 +824,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::reduce_scatter(std::vector<at::
   for (const at::Tensor& i : inputs[0]) check_same("reduce_scatter", i, outputs[0], "an input");
   const RedOp op = base_op("reduce_scatter", opts.reduceOp, outputs[0].scalar_type());
   agree({c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_});
-  flush_pending();
+  flush_pending(outputs);
   std::vector<at::Tensor> flattened;
   for (const at::Tensor& i : inputs[0]) flattened.push_back(i.reshape({-1}));
   at::Tensor in = premultiplied(opts.reduceOp, at::cat(flattened));
@@ -828,7 +841,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::_reduce_scatter_base(at::Tensor
               ", expected ", size_, " times the output ", describe(output.scalar_type(), output.sizes()));
   const RedOp op = base_op("reduce_scatter_tensor", opts.reduceOp, output.scalar_type());
   agree({c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_});
-  flush_pending();
+  flush_pending({input});
   transported("reduce_scatter_tensor", [&] { return transport_->reduce_scatter(output, premultiplied(opts.reduceOp, input), op); });
   average(opts.reduceOp, output, size_);
   return done({output}, c10d::OpType::_REDUCE_SCATTER_BASE);
@@ -874,7 +887,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::alltoall_base(at::Tensor& outpu
   sig.in_splits = splits(input_splits, input, "input");
   sig.out_splits = splits(output_splits, output, "output");
   agree(sig);
-  flush_pending();
+  flush_pending({input});
   transported("all_to_all_single", [&] { return transport_->all_to_all(output, input, output_splits, input_splits); });
   return done({output}, c10d::OpType::ALLTOALL_BASE);
 }
@@ -912,7 +925,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::send(std::vector<at::Tensor>& t
   check_tag("send", tag);
   TORCH_CHECK(dst >= 0 && dst < size_ && dst != rank_, "pjrt send: destination ", dst, " is not another rank of ",
               "this group of ", size_);
-  flush_pending();
+  flush_pending(tensors);
   return track(transported("send", [&] { return transport_->send(tensors[0], dst, tag); }));
 }
 
@@ -921,14 +934,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::recv(std::vector<at::Tensor>& t
   check_tag("recv", tag);
   TORCH_CHECK(src >= 0 && src < size_ && src != rank_, "pjrt recv: source ", src, " is not another rank of ",
               "this group of ", size_);
-  flush_pending();
+  flush_pending(tensors);
   return track(transported("recv", [&] { return transport_->recv(tensors[0], src, tag); }));
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   check_tensors("recv", tensors, 1);
   check_tag("recv", tag);
-  flush_pending();
+  flush_pending(tensors);
   return track(transported("recv", [&] { return transport_->recv(tensors[0], -1, tag); }));
 }
 

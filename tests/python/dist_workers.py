@@ -720,6 +720,28 @@ def one_rank_raises(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def a_late_rank(rank: int, world: int) -> dict[str, Any]:
+    """Rank 0 comes late to each all-reduce while the others queue hundreds of programs
+    behind their part of it (more than PJRT lets a device hold in flight, so their launches
+    block): the late rank must still launch its part, so no rank may wait on another's
+    device. Every value is exact (integers in float32)."""
+    dist.init_process_group("pjrt", timeout=timeout())
+    x = torch.ones(256, device=dev())
+    adds = 2000
+    for _ in range(3):
+        if rank == 0:
+            time.sleep(1.0)
+        dist.all_reduce(x)
+        for _ in range(adds):
+            x = x + 1.0
+        x = (x - adds) / world
+    torch_pjrt.synchronize()
+    assert torch.equal(x.cpu(), torch.ones(256)), x.cpu()[:4]
+    dist.destroy_process_group()
+    return {"value": x[0].item()}
+
+
+@scenario
 def split_mesh(rank: int, world: int) -> dict[str, Any]:
     """init_process_group(device_id=...) (as Lightning passes it) makes DeviceMesh split the
     group: a 2-D mesh's row and column groups, each all-reduce's values against the ranks'."""

@@ -58,6 +58,13 @@ def test_a_2d_mesh_splits_into_xla_subgroups(tmp_path: Path) -> None:
     assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]
 
 
+def test_a_late_rank_still_launches_its_part_while_the_others_queue_work(tmp_path: Path) -> None:
+    # (it once hung: a collective flushed every device, so the late rank waited on a graph
+    # another rank held while its launch waited for the late rank's part)
+    reports = _threads("a_late_rank", 4, tmp_path)["reports"]
+    assert [r["value"] for r in reports] == [1.0] * 4, reports
+
+
 def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
     env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", DIST_TEST_TIMEOUT="60")
     proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises", "2",
