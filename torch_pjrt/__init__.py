@@ -100,13 +100,7 @@ def device(index: int = 0) -> torch.device:
     return torch.device(DEVICE_NAME, index)
 
 
-def synchronize(index: int | None = None) -> None:
-    """Runs what fused mode recorded, waits for all work enqueued on device `index`
-    (the current device when None, as torch.cuda.synchronize does; even work whose
-    results were already freed), and raises deferred errors (e.g. out-of-range indices).
-    One device, not all: a rank thread waiting on every device would wait on the other
-    ranks' collectives, which may be waiting on its own next one."""
-    _C._synchronize(torch.accelerator.current_device_index() if index is None else int(index))
+synchronize = device_module.synchronize  # torch_pjrt.synchronize is torch.pjrt.synchronize
 
 
 def native_ops() -> list[str]:

@@ -48,11 +48,12 @@ def set_device(device: int | str | torch.device) -> None:
 
 
 def synchronize(device: int | str | torch.device | None = None) -> None:
-    if device is None:
-        _C._synchronize(current_device())
-        return
-    idx = torch.device(device).index if not isinstance(device, int) else device
-    _C._synchronize(current_device() if idx is None else idx)
+    """Runs what fused mode recorded, waits for all work enqueued on `device` (the
+    current device when None or unindexed, as torch.cuda.synchronize does; even work
+    whose results were already freed), and raises deferred errors (e.g. out-of-range
+    indices). One device, not all: a rank thread waiting on every device would wait on
+    the other ranks' collectives, which may be waiting on its own next one."""
+    _C._synchronize(_index(device))
 
 
 def _is_in_bad_fork() -> bool:
