@@ -28,6 +28,11 @@ fi
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
 #    not depend on the eager mode (compiled model training and generation, debug mode); then
 #    the last part of the strict pass (Ray Train).
+# Four jobs share the cores: torch's OpenMP threads beyond a job's share of them spin-wait
+# against each other (a GPT training test took 200 s with four copies side by side on 2
+# cores and 2 threads each, 34 s with 1 thread each; 13 s alone).
+CORES=$(nproc)
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( CORES >= 8 ? CORES / 4 : 1 ))}"
 LOGS=$(mktemp -d)
 job() {  # job NAME COMMAND...: runs in the background, its output and exit status under $LOGS
   local name=$1
