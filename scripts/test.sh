@@ -32,7 +32,7 @@ fi
 # against each other (a GPT training test took 200 s with four copies side by side on 2
 # cores and 2 threads each, 34 s with 1 thread each; 13 s alone).
 CORES=$(nproc)
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( CORES >= 8 ? CORES / 4 : 1 ))}"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( CORES / 4 > 1 ? CORES / 4 : 1 ))}"
 LOGS=$(mktemp -d)
 job() {  # job NAME COMMAND...: runs in the background, its output and exit status under $LOGS
   local name=$1

@@ -27,11 +27,11 @@ import torch
 RUNNER = os.path.join(os.path.dirname(__file__), "titan_run.py")
 STEPS = 4
 WORLD = 2
-# TorchTitan's global_avg_loss sums the ranks' losses (dist_sum of each rank's loss.to_local()).
-# On torch 2.13 the full-DTensor backend's loss is a replicated DTensor, already the full batch's
-# mean on each rank, so the sum is WORLD times the mean (its 2-rank CPU DDP run reports twice the
-# loss too); on torch 2.14 the sum is the mean (pjrt 8.129916, float64 8.129895 at step 1).
-LOSS_SUMMED_OVER_RANKS = WORLD if torch.__version__.startswith("2.13.") else 1
+# TorchTitan's global_avg_loss is a sum over the ranks (dist_sum). On torch 2.13 under the
+# full-DTensor backend each rank's term is already the full batch's mean, so it reports WORLD
+# times the mean (its 2-rank CPU DDP run does too); on torch 2.14 it reports the mean (pjrt
+# 8.129916, float64 8.129895 at step 1).
+LOSS_SUMMED_OVER_RANKS = WORLD if torch.__version__ < "2.14" else 1
 EPS32 = 2.0 ** -23
 FLAGS = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.steps", str(STEPS),
          "--training.local_batch_size", "2", "--training.seq_len", "128", "--training.mixed_precision_param",
