@@ -361,6 +361,48 @@ at::Tensor to_cpu(const at::Tensor& t) {
   return out;
 }
 
+at::Scalar read_scalar(const at::Tensor& t) {
+  // Reading a tensor element by element (`for x in t`, `all(t)`, `t[i].item()` in a loop)
+  // costs a slice program and a transfer per element. Once one buffer's scalar reads have
+  // cost about what downloading it whole does (kReadCostBytes each, about a read's fixed
+  // cost at host-link bandwidth), the whole buffer comes to the host once and later reads
+  // are host reads: never more than about twice the cheaper of the two. Buffers are
+  // immutable, so the copy is valid exactly while the storage holds the same buffer.
+  constexpr int64_t kReadCostBytes = 256 << 10;
+  constexpr size_t kMaxHostCopyBytes = size_t{64} << 20;  // bounds the host memory held per storage
+  StorageState* st = state_of(t);
+  TORCH_CHECK(st, device_name(), ": item() of a tensor without pjrt storage");
+  TORCH_CHECK(t.numel() == 1, device_name(), ": a Tensor with ", t.numel(),
+              " elements cannot be converted to Scalar");
+  bool whole_buffer_readable = !capturing() && st->has_contents() && !st->failed && st->nbytes <= kMaxHostCopyBytes &&
+                               st->dtype == to_ir(t.scalar_type()) &&
+                               static_cast<size_t>(c10::multiply_integers(st->dims)) * t.element_size() == st->nbytes;
+  if (!whole_buffer_readable) return to_cpu(t).item();
+  std::shared_ptr<runtime::Buffer> buffer = materialize(st);
+  auto& reads = st->scalar_reads;
+  if (!buffer || reads.of.lock() != buffer) reads = {buffer, 0, {}};
+  if (!reads.host.defined()) {
+    if (!buffer || ++reads.count * kReadCostBytes < static_cast<int64_t>(st->nbytes)) return to_cpu(t).item();
+    at::Tensor host = at::empty({static_cast<int64_t>(st->nbytes / t.element_size())}, t.options().device(at::kCPU));
+    check_deferred_errors();
+    executor::TraceScope traced(executor::TraceKind::DeviceToHost, "to_cpu", st->device_index,
+                                static_cast<int64_t>(st->nbytes));
+    try {
+      buffer->to_host(host.data_ptr(), st->nbytes);
+    } catch (const runtime::PjrtError& e) {
+      rethrow(e, producer_name(st->producer));
+    }
+    executor::metrics().device_to_host_bytes += static_cast<int64_t>(st->nbytes);
+    reads.host = std::move(host);
+  }
+  check_deferred_errors();
+  executor::metrics().host_syncs++;
+  at::Tensor element = reads.host.as_strided(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) element = element.conj();
+  if (t.is_neg()) element = element.neg();
+  return element.item();
+}
+
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu) {
   at::Tensor src = src_cpu.resolve_conj().resolve_neg().to(dst.scalar_type()).expand(dst.sizes()).contiguous();
   StorageState* st = state_of(dst);

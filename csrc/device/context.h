@@ -24,6 +24,13 @@ namespace torch_pjrt::device {
 struct StorageState : executor::Storage {
   size_t nbytes = 0;
   uintptr_t address = 0;  // a unique fake address: data_ptr() identity and overlap checks
+  // Scalar reads of the current buffer, and its whole contents on the host once they pay
+  // for themselves (read_scalar); a new buffer (new contents) starts over.
+  struct ScalarReads {
+    std::weak_ptr<runtime::Buffer> of;
+    int64_t count = 0;
+    at::Tensor host;
+  } scalar_reads;
 };
 
 StorageState* state_of(const at::Tensor& t);  // null if not a pjrt tensor
@@ -115,6 +122,8 @@ void check_deferred_errors();
 
 // Host <-> device copies of whole tensors.
 at::Tensor to_cpu(const at::Tensor& t);
+// One element's value (item(), bool(), _local_scalar_dense).
+at::Scalar read_scalar(const at::Tensor& t);
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu);
 
 // Device RNG state: THREE_FRY key + counter, u64[2], held like a storage's

@@ -271,11 +271,6 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return dst;
 }
 
-at::Scalar local_scalar_dense(const at::Tensor& self) {
-  at::Tensor host = to_cpu(self);
-  return host.item();
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
@@ -293,7 +288,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("copy_", copy_);
   m.impl("_copy_from", copy_from);
   m.impl("_copy_from_and_resize", copy_from_and_resize);
-  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_local_scalar_dense", read_scalar);
   // One in-order queue per device, and a buffer lives while a program reads it:
   // nothing to record (DDP and FSDP2 call it on side streams).
   m.impl("record_stream", [](at::Tensor&, c10::Stream) {});

@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch_pjrt
 from conftest import assert_close
 
 
@@ -184,3 +185,25 @@ def test_sliced_window_views_read_and_write_like_cpu(dev):
             got = (t.cpu(), out.cpu())
     torch.testing.assert_close(got[0], expected[0])
     torch.testing.assert_close(got[1], expected[1])
+
+
+def test_element_by_element_reads_match_cpu_and_download_the_buffer_once(dev):
+    # Reading a tensor element by element (`for x in t`, `all(t)`) downloads the buffer whole
+    # once the reads cost as much; the values must follow views, neg/conj bits and new contents.
+    base_cpu = torch.randn(512, 1024, dtype=torch.float64)  # 4 MiB
+    base = base_cpu.to(dev)
+    cases = [lambda b: b.t()[::97, 3], lambda b: b[5, 1::41],
+             lambda b: torch._neg_view(b[7::13, 11]), lambda b: b.view(-1)[123::40_000]]
+    reads_before = torch_pjrt.metrics()["device_to_host_bytes"]
+    for make in cases:
+        assert [v.item() for v in make(base)] == [v.item() for v in make(base_cpu)]
+    downloaded = torch_pjrt.metrics()["device_to_host_bytes"] - reads_before
+    assert base_cpu.nbytes <= downloaded < 2 * base_cpu.nbytes, downloaded  # whole, once: not per element
+    base.mul_(-3)  # new contents: new buffer
+    base_cpu.mul_(-3)
+    assert [v.item() for v in base[:, 9][::7]] == [v.item() for v in base_cpu[:, 9][::7]]
+    z_cpu = torch.randn(300, 300, dtype=torch.complex64)
+    z = z_cpu.to(dev)
+    assert [v.item() for v in z.conj()[3][::17]] == [v.item() for v in z_cpu.conj()[3][::17]]
+    y = torch.linspace(0, 99_999, 100_000, device=dev, dtype=torch.int32)
+    assert all(y[:-1] < y[1:]) and not any(y[:-1] > y[1:])
