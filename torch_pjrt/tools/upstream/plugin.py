@@ -25,7 +25,7 @@ import pytest
 from .spec import lookup
 
 
-def _supply_moved_names() -> None:
+def _supply_moved_op_names() -> None:
     # test_ops.py imports skip, xfail and skipOps from common_methods_invocations, and
     # calls skipOps(class name, test name, entries); torch 2.13 keeps them in
     # common_device_type, where skipOps takes only the entries (it reads the names
@@ -46,6 +46,8 @@ def _supply_moved_names() -> None:
 
         cmi.skipOps = skip_ops
 
+
+def _supply_numpy_msort() -> None:
     # test_sort_and_select's reference for torch.msort is numpy.msort, which numpy 2
     # removed; numpy 1 defined it as a sort along the first axis.
     import numpy
@@ -57,8 +59,23 @@ def _supply_moved_names() -> None:
         numpy.msort = msort
 
 
+def _reads_op_database(paths: list[str]) -> bool:
+    """Whether a file to run imports from common_methods_invocations (importing it takes
+    seconds: a file that does not, such as the runner's own tests' small files, skips it)."""
+    for path in paths:
+        try:
+            with open(path.split("::")[0]) as f:
+                if "common_methods_invocations" in f.read():
+                    return True
+        except OSError:  # not a file (an option's value, a directory): play safe
+            return True
+    return False
+
+
 def pytest_configure(config: pytest.Config) -> None:
-    _supply_moved_names()
+    if _reads_op_database([a for a in config.args if not a.startswith("-")]):
+        _supply_moved_op_names()
+    _supply_numpy_msort()
 
 
 def _sample(ids: list[str], n: int, file: str) -> list[str]:
