@@ -448,3 +448,39 @@ def test_a_view_the_fake_strides_allowed_runs(dev: torch.device) -> None:
     x = inp.to(dev).requires_grad_()
     torch.compile(f, backend="pjrt")(x, c.to(dev)).backward()
     torch.testing.assert_close(x.grad.cpu(), ref.grad)
+
+
+def test_default_backend_compiles_device_graphs_with_pjrt_and_trains_like_cpu(dev):
+    # torch.compile(model) with no backend is inductor, which has no code generator for the
+    # device: graphs on pjrt go to backend="pjrt"; a CPU graph stays with inductor.
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    model = copy.deepcopy(ref).to(dev)
+    compiled = torch.compile(model)
+    opt, opt_ref = torch.optim.SGD(model.parameters(), lr=0.1), torch.optim.SGD(ref.parameters(), lr=0.1)
+    for i in range(3):
+        x = torch.randn(5, 8)
+        if i == 2:
+            runs = metric("compiled_runs")
+        loss = (compiled(x.to(dev)) ** 2).mean()
+        loss_ref = (ref(x) ** 2).mean()
+        loss.backward()
+        loss_ref.backward()
+        assert_close(loss, loss_ref)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert_close(p.grad, q.grad)
+        opt.step()
+        opt_ref.step()
+        opt.zero_grad()
+        opt_ref.zero_grad()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            assert_close(p, q)
+    assert stats()["dynamo_graphs"] == 1 and metric("compiled_runs") == runs + 2  # pjrt's forward and backward
+    made_on_device = torch.compile(lambda n: torch.arange(n, device=dev) * 3)  # no device input
+    assert_close(made_on_device(4), torch.arange(4) * 3)
+    with pytest.warns(UserWarning, match="do not apply"):
+        torch.compile(model, mode="max-autotune")(torch.ones(2, 8, device=dev))
+    runs = metric("compiled_runs")
+    on_cpu = torch.compile(lambda t: t.sin() * 2)
+    torch.testing.assert_close(on_cpu(torch.ones(3)), torch.ones(3).sin() * 2)
+    assert metric("compiled_runs") == runs  # inductor ran it
