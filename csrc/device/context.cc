@@ -324,6 +324,20 @@ void synchronize(int device) {
 
 StorageState* state_of(const c10::Storage& s);
 
+namespace {
+// A storage's buffer (or its first `bytes`) into host memory, traced and counted.
+void download(const StorageState* st, runtime::Buffer& buffer, void* dst, size_t bytes) {
+  executor::TraceScope traced(executor::TraceKind::DeviceToHost, "to_cpu", st->device_index,
+                              static_cast<int64_t>(bytes));
+  try {
+    buffer.to_host(dst, bytes);
+  } catch (const runtime::PjrtError& e) {
+    rethrow(e, producer_name(st->producer));
+  }
+  executor::metrics().device_to_host_bytes += static_cast<int64_t>(bytes);
+}
+}  // namespace
+
 at::Tensor to_cpu(const at::Tensor& t) {
   // Materialize the view as a dense result on the device, then download it.
   at::Tensor dense = t;
@@ -349,15 +363,7 @@ at::Tensor to_cpu(const at::Tensor& t) {
     TORCH_CHECK(!st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
     return out.zero_();
   }
-  size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  executor::TraceScope traced(executor::TraceKind::DeviceToHost, "to_cpu", st->device_index,
-                              static_cast<int64_t>(bytes));
-  try {
-    buffer->to_host(out.data_ptr(), bytes);
-  } catch (const runtime::PjrtError& e) {
-    rethrow(e, producer_name(st->producer));
-  }
-  executor::metrics().device_to_host_bytes += static_cast<int64_t>(bytes);
+  download(st, *buffer, out.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
   return out;
 }
 
@@ -372,8 +378,6 @@ at::Scalar read_scalar(const at::Tensor& t) {
   constexpr size_t kMaxHostCopyBytes = size_t{64} << 20;  // bounds the host memory held per storage
   StorageState* st = state_of(t);
   TORCH_CHECK(st, device_name(), ": item() of a tensor without pjrt storage");
-  TORCH_CHECK(t.numel() == 1, device_name(), ": a Tensor with ", t.numel(),
-              " elements cannot be converted to Scalar");
   bool whole_buffer_readable = !capturing() && st->has_contents() && !st->failed && st->nbytes <= kMaxHostCopyBytes &&
                                st->dtype == to_ir(t.scalar_type()) &&
                                static_cast<size_t>(c10::multiply_integers(st->dims)) * t.element_size() == st->nbytes;
@@ -384,15 +388,7 @@ at::Scalar read_scalar(const at::Tensor& t) {
   if (!reads.host.defined()) {
     if (!buffer || ++reads.count * kReadCostBytes < static_cast<int64_t>(st->nbytes)) return to_cpu(t).item();
     at::Tensor host = at::empty({static_cast<int64_t>(st->nbytes / t.element_size())}, t.options().device(at::kCPU));
-    check_deferred_errors();
-    executor::TraceScope traced(executor::TraceKind::DeviceToHost, "to_cpu", st->device_index,
-                                static_cast<int64_t>(st->nbytes));
-    try {
-      buffer->to_host(host.data_ptr(), st->nbytes);
-    } catch (const runtime::PjrtError& e) {
-      rethrow(e, producer_name(st->producer));
-    }
-    executor::metrics().device_to_host_bytes += static_cast<int64_t>(st->nbytes);
+    download(st, *buffer, host.data_ptr(), st->nbytes);
     reads.host = std::move(host);
   }
   check_deferred_errors();
