@@ -126,6 +126,48 @@ def _install() -> None:
         distributed_c10d._world = _ThreadWorlds()
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         os.environ = _RankEnviron(os.environ)  # type: ignore[assignment]
+        _isolate_dtensor_shape_propagation()
+
+
+class _OneFakePropagationAtATime:
+    """DTensor finds an op's output shape by running it on fake tensors, under this
+    context (``ShardingPropagator._fake_mode_lock``, a no-op unless replaced: PyTorch's
+    own threaded DTensor tests replace it with a lock). For rank threads it must:
+    - let one thread at a time in: two threads' fake modes would mix;
+    - leave the process-wide fake-tensor cache out: DTensor makes its fake inputs with
+      ``empty_strided(..., device="pjrt")``, no index, which a fake tensor resolves to
+      the calling thread's current device, but the cache is keyed on the argument as
+      written: a rank would get back a fake tensor on the device of the rank that filled
+      the entry, and DTensor refuses the mix ("found at least two devices, pjrt:1 and
+      pjrt:3"). Turned off per use, not per rank thread, because backward runs in the
+      autograd engine's own threads (one per device), which no rank setting reaches."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._uncached = threading.local()
+
+    def __enter__(self) -> None:
+        import torch._dynamo.config as dynamo_config
+
+        self._lock.acquire()
+        patch = dynamo_config.patch(fake_tensor_cache_enabled=False)
+        patch.__enter__()
+        self._uncached.patch = patch
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._uncached.patch.__exit__(*exc)
+        finally:
+            self._lock.release()
+
+
+def _isolate_dtensor_shape_propagation() -> None:
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # a torch without DTensor
+        return
+    if hasattr(ShardingPropagator, "_fake_mode_lock"):
+        ShardingPropagator._fake_mode_lock = _OneFakePropagationAtATime()  # type: ignore[assignment]
 
 
 class _RankPrefixed:
@@ -212,6 +254,10 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None
             sys.stderr.flush()
 
     streams = (sys.stdout, sys.stderr)
+    # init_process_group chains a process-wide sys.excepthook that prefixes "[rankN]: " to
+    # every line: each rank thread would add its own, and the main thread's RankFailed
+    # (which names its ranks itself) would print under every rank's prefix at once.
+    excepthook = sys.excepthook
     if prefix_output:
         sys.stdout, sys.stderr = _RankPrefixed(sys.stdout), _RankPrefixed(sys.stderr)
     try:
@@ -222,6 +268,7 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None
             t.join()
     finally:
         sys.stdout, sys.stderr = streams
+        sys.excepthook = excepthook
     if failures:
         raise RankFailed("\n".join(f"rank {r} raised:\n{tb}" for r, tb in sorted(failures.items())))
     return results
