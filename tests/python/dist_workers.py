@@ -646,6 +646,37 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def fsdp_tp(rank: int, world: int) -> dict[str, Any]:
+    """A 2-D mesh: tensor parallelism within each row of 2 ranks, FSDP2 across the rows
+    (each row trains on its part of the batch), against full-batch single-device training."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    dist.init_process_group("pjrt", timeout=timeout(), device_id=dev())
+    tp = 2
+    mesh = init_device_mesh(dev().type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    model = parallelize_module(_block().to(dev()), mesh["tp"], {
+        "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
+        "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    rows, row = world // tp, mesh.get_local_rank("dp")
+    for step in range(STEPS):
+        x, y = _seq_batch(step)
+        n = x.shape[0] // rows
+        x, y = x[row * n:(row + 1) * n], y[row * n:(row + 1) * n]  # this row's part of the batch
+        opt.zero_grad()
+        F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
+        opt.step()
+    got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
+    err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
+                              "FSDP2 x tensor parallel block")
+    dist.destroy_process_group()
+    return {"max_rel_error": err}
+
+
+@scenario
 def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
     """The collectives over any number of ranks against CPU gloo's: integers bit for bit;
     float sums within float rounding (over more than two ranks the order of a sum is the

@@ -60,6 +60,21 @@ def test_tensor_parallel_over_four_rank_threads_matches_single_device_training(t
     assert len({r["max_rel_error"] for r in reports}) == 1, reports
 
 
+def test_fsdp2_over_tensor_parallel_rows_matches_single_device_training(tmp_path: Path) -> None:
+    # a (2, 2) mesh: tensor parallel within each row, FSDP2 across the rows
+    _threads("fsdp_tp", 4, tmp_path)
+
+
+def test_a_checkpoint_saved_by_four_rank_threads_loads_into_one(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DIST_TEST_OUT", str(tmp_path))
+    for mode, world in (("save", 4), ("load", 1)):
+        monkeypatch.setenv("DIST_CKPT_MODE", mode)
+        reports = _threads("checkpoint", world, tmp_path)["reports"]
+        assert all(len(r["saved" if mode == "save" else "loaded"]) == 6 for r in reports), reports
+    assert len(list((tmp_path / "ckpt").glob("*.distcp"))) == 4
+
+
 def test_a_2d_mesh_splits_into_xla_subgroups(tmp_path: Path) -> None:
     reports = _threads("split_mesh", 4, tmp_path)["reports"]
     assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]
