@@ -49,7 +49,7 @@ for d in "${WANTED[@]}"; do
 done
 qualify_packaging_upstream_stacks() {
   echo "== Plugin qualification (slice)"
-  .venv/bin/python -m torch_pjrt.qualify --only kernels,buffers,training.embedding-head.sgd.,training.mlp.adamw.,\
+  .venv/bin/python -m torch_pjrt.qualify --only kernels,buffers,collectives,training.embedding-head.sgd.,training.mlp.adamw.,\
 training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,training.hf-llama.adamw-fused. \
     || return  # (errexit is off in a function run under ||)
   echo "== Packaging ($((SECONDS - start))s into this job)"

@@ -338,32 +338,60 @@ void download(const StorageState* st, runtime::Buffer& buffer, void* dst, size_t
 }
 }  // namespace
 
-at::Tensor to_cpu(const at::Tensor& t) {
-  // Materialize the view as a dense result on the device, then download it.
-  at::Tensor dense = t;
+std::shared_ptr<runtime::Buffer> dense_buffer(const at::Tensor& t, at::Tensor& holder) {
+  holder = t;
   StorageState* st = state_of(t);
-  TORCH_CHECK(st, device_name(), ": to_cpu of a tensor without pjrt storage");
+  TORCH_CHECK(st, device_name(), ": a tensor without pjrt storage");
   TORCH_CHECK(st->has_contents() || !st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
   bool direct = t.is_contiguous() && t.storage_offset() == 0 &&
                 static_cast<size_t>(t.numel()) * t.element_size() == st->nbytes &&
                 st->dtype == to_ir(t.scalar_type()) && !t.is_conj() && !t.is_neg();
   if (!direct && st->has_contents()) {
-    OpBuilder op("to_cpu");
+    OpBuilder op("dense copy");
     Value v = op.input(t);
-    dense = op.output(v, t.scalar_type());
+    holder = op.output(v, t.scalar_type());
     op.run();
-    st = state_of(dense);
+    st = state_of(holder);
   }
-  std::shared_ptr<runtime::Buffer> buffer = materialize(st);  // held: no later program may take it
+  std::shared_ptr<runtime::Buffer> buffer = materialize(st);
+  TORCH_CHECK(buffer || !st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
+  return buffer;
+}
+
+at::Tensor to_cpu(const at::Tensor& t) {
+  at::Tensor dense;
+  std::shared_ptr<runtime::Buffer> buffer = dense_buffer(t, dense);  // held: no later program may take it
   check_deferred_errors();
   executor::metrics().host_syncs++;
   auto out = at::empty(t.sizes(), t.options().device(at::kCPU));
   if (t.numel() == 0) return out;
-  if (!buffer) {
-    TORCH_CHECK(!st->failed, device_name(), ": this tensor cannot be read: ", *st->failed);
-    return out.zero_();
+  if (!buffer) return out.zero_();
+  download(state_of(dense), *buffer, out.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  return out;
+}
+
+at::Tensor to_device(const at::Tensor& t, int device, const char* what) {
+  at::Tensor dense;
+  std::shared_ptr<runtime::Buffer> buffer = dense_buffer(t, dense);
+  at::Tensor out = at::empty(t.sizes(), t.options().device(c10::Device(c10::DeviceType::PrivateUse1, device))
+                                            .memory_format(at::MemoryFormat::Contiguous));
+  if (t.numel() == 0) return out;
+  if (!buffer) return out.zero_();
+  const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+  std::shared_ptr<runtime::Buffer> copied;
+  {
+    executor::TraceScope traced(executor::TraceKind::DeviceToDevice, what, device, bytes);
+    try {
+      copied = buffer->copy_to_device(rt().device(device));
+    } catch (const runtime::PjrtError& e) {
+      if (e.code() == runtime::ErrorCode::kUnimplemented) return {};
+      rethrow(e, what);
+    }
   }
-  download(st, *buffer, out.data_ptr(), static_cast<size_t>(t.numel()) * t.element_size());
+  copied->track(&executor::memory_counter(device), bytes);
+  executor::metrics().device_to_device_bytes += bytes;
+  assign(state_of(out), std::move(copied), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
+         to_ir(t.scalar_type()));
   return out;
 }
 

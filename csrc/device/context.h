@@ -120,8 +120,16 @@ void synchronize(int device = -1);
 // Checks deferred device-side asserts; throws c10::IndexError naming the op.
 void check_deferred_errors();
 
+// t's elements in order as one buffer of their own on t's device: its storage's buffer where
+// that is exactly them, else a dense copy made there (held by `holder`). Null when the
+// storage has no contents yet (never written: reads as zeros).
+std::shared_ptr<runtime::Buffer> dense_buffer(const at::Tensor& t, at::Tensor& holder);
+
 // Host <-> device copies of whole tensors.
 at::Tensor to_cpu(const at::Tensor& t);
+// t's values (conj and neg bits applied) as a new contiguous tensor on pjrt device `device`,
+// copied device to device by the plugin; undefined where the plugin has no such copy.
+at::Tensor to_device(const at::Tensor& t, int device, const char* what);
 // One element's value (item(), bool(), _local_scalar_dense).
 at::Scalar read_scalar(const at::Tensor& t);
 void copy_from_cpu(const at::Tensor& dst, const at::Tensor& src_cpu);

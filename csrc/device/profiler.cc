@@ -34,7 +34,8 @@ libkineto::ActivityType activity_type(TraceKind kind) {
   switch (kind) {
     case TraceKind::Program: return libkineto::ActivityType::CONCURRENT_KERNEL;
     case TraceKind::HostToDevice:
-    case TraceKind::DeviceToHost: return libkineto::ActivityType::GPU_MEMCPY;
+    case TraceKind::DeviceToHost:
+    case TraceKind::DeviceToDevice: return libkineto::ActivityType::GPU_MEMCPY;
     case TraceKind::Compile:
     case TraceKind::Sync: break;
   }
@@ -47,6 +48,7 @@ std::string activity_name(const TraceEvent& e) {
     case TraceKind::Compile: return "pjrt compile";
     case TraceKind::HostToDevice: return "pjrt host->device " + std::to_string(e.bytes) + " B (" + e.name + ")";
     case TraceKind::DeviceToHost: return "pjrt device->host " + std::to_string(e.bytes) + " B";
+    case TraceKind::DeviceToDevice: return "pjrt device->device " + std::to_string(e.bytes) + " B (" + e.name + ")";
     case TraceKind::Sync: return "pjrt synchronize";
   }
   return e.name;

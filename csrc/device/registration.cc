@@ -242,7 +242,10 @@ at::Tensor& copy_(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
   if (self.numel() == 0) return self;
   if (self.device().is_privateuseone() && src.device().is_privateuseone()) {
     if (self.device() != src.device()) {
-      // Cross-device: through the host (PJRT device-to-device copies differ by plugin).
+      // Between devices: the plugin's device-to-device copy, then a copy on the destination
+      // (dtype, broadcast, views); through the host where the plugin has no such copy.
+      at::Tensor moved = to_device(src, self.device().index(), "copy_ between devices");
+      if (moved.defined()) return self.copy_(moved);
       copy_from_cpu(self, to_cpu(src));
       return self;
     }

@@ -966,7 +966,7 @@ void add_python_bindings(pybind11::module_& m) {
              TORCH_CHECK(host, "pjrt process group: no host backend");
              auto transport = make_host_transport(host, rank, size);
              if (!device_ids.empty()) {
-               transport = make_xla_transport(std::move(transport), rank, size, std::move(device_ids));
+               transport = make_xla_transport(std::move(transport), rank, size, std::move(device_ids), timeout);
              }
              return c10::make_intrusive<ProcessGroupPjrt>(std::move(transport), rank, size, check,
                                                           std::move(make_subgroup), timeout);

@@ -3,9 +3,15 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <sstream>
 #include <stdexcept>
 
 #include "device/context.h"
@@ -79,15 +85,186 @@ class ProgramCache {
   std::set<std::string> compiling_;
 };
 
+// Point to point between the ranks of this process: a send copies its tensor to the
+// receiver's device (device to device) and posts it here at once, as a buffered send; a
+// receive takes the first message for it from its source (any source: the first from
+// anyone) in the order they were sent, waiting for one until its group's timeout.
+class Mailbox {
+ public:
+  static Mailbox& get() {
+    static Mailbox* mailbox = new Mailbox();  // leaked: holds device tensors past static teardown
+    return *mailbox;
+  }
+  struct Letter {
+    int source = -1;
+    int destination = -1;
+    int tag = 0;
+    at::Tensor payload;  // on the destination's device (on the host where the plugin cannot copy)
+  };
+  void post(const std::string& group, Letter letter) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      groups_[group].letters.push_back(std::move(letter));
+    }
+    arrived_.notify_all();
+  }
+  // The letter for (destination, tag) from `source` (-1: anyone); none yet: nullopt when
+  // `wait` is zero, else waits up to `wait`, failing when the source left the group.
+  std::optional<Letter> take(const std::string& group, int group_size, int source, int destination, int tag,
+                             std::chrono::milliseconds wait) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    const auto deadline = std::chrono::steady_clock::now() + wait;
+    for (;;) {
+      Group& g = groups_[group];
+      for (auto it = g.letters.begin(); it != g.letters.end(); ++it) {
+        if (it->destination == destination && it->tag == tag && (source < 0 || it->source == source)) {
+          Letter letter = std::move(*it);
+          g.letters.erase(it);
+          return letter;
+        }
+      }
+      if (wait.count() == 0) return std::nullopt;
+      const bool gone = source >= 0 ? g.left.count(source) > 0
+                                    : static_cast<int>(g.left.size() - g.left.count(destination)) >= group_size - 1;
+      TORCH_CHECK(!gone, "pjrt recv: ", source >= 0 ? "rank " + std::to_string(source) + " has" : "every other rank has",
+                  " left the group (destroyed its process group, or raised) without sending tag ", tag,
+                  " to rank ", destination);
+      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
+        C10_THROW_ERROR(DistBackendError, "pjrt recv: rank " + std::to_string(destination) + " waited " +
+                                              std::to_string(wait.count() / 1000) + " s for tag " + std::to_string(tag) +
+                                              " from " + (source >= 0 ? "rank " + std::to_string(source) : "any rank") +
+                                              " (the group's timeout)");
+      }
+    }
+  }
+  // A member's process group is gone: receives waiting on it fail; the group's
+  // messages are dropped once every member is gone.
+  void leave(const std::string& group, int rank, int group_size) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      Group& g = groups_[group];
+      g.left.insert(rank);
+      if (static_cast<int>(g.left.size()) == group_size) groups_.erase(group);
+    }
+    arrived_.notify_all();
+  }
+
+ private:
+  struct Group {
+    std::deque<Letter> letters;
+    std::set<int> left;
+  };
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::map<std::string, Group> groups_;
+};
+
+std::string describe_tensor(at::ScalarType dtype, c10::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << c10::toString(dtype) << sizes;
+  return s.str();
+}
+
+// A receive: takes its message when waited on (or found by isCompleted) and writes it
+// into the tensor given.
+class MailboxRecvWork final : public c10d::Work {
+ public:
+  using Take = std::function<std::optional<Mailbox::Letter>(std::chrono::milliseconds)>;
+  MailboxRecvWork(at::Tensor target, Take take, std::chrono::milliseconds timeout)
+      : Work(-1, c10d::OpType::RECV), target_(std::move(target)), take_(std::move(take)), timeout_(timeout) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{target_.device()});
+  }
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      if (auto letter = take_(std::chrono::milliseconds(0))) deliver(*letter);
+    }
+    return completed_;
+  }
+  bool isSuccess() const override { return true; }
+  int sourceRank() const override { return source_; }
+  bool wait(std::chrono::milliseconds timeout) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!completed_) {
+      auto letter = take_(timeout.count() > 0 ? timeout : timeout_);
+      deliver(*letter);
+    }
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void deliver(const Mailbox::Letter& letter) {
+    const at::Tensor& sent = letter.payload;
+    TORCH_CHECK(sent.scalar_type() == target_.scalar_type() && sent.numel() == target_.numel(), "pjrt recv: rank ",
+                letter.source, " sent ", describe_tensor(sent.scalar_type(), sent.sizes()),
+                ", this rank receives into ", describe_tensor(target_.scalar_type(), target_.sizes()));
+    if (sent.is_cpu()) count_host_bytes(static_cast<int64_t>(sent.nbytes()));
+    target_.copy_(sent.view(target_.sizes()));
+    source_ = letter.source;
+    completed_ = true;
+    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
+  }
+  at::Tensor target_;
+  Take take_;
+  std::chrono::milliseconds timeout_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_ = -1;
+};
+
+// A send: posted before it returns.
+class PostedWork final : public c10d::Work {
+ public:
+  explicit PostedWork(at::Tensor sent) : Work(-1, c10d::OpType::SEND) {
+    future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                       std::vector<c10::Device>{sent.device()});
+    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{std::move(sent)}));
+    completed_ = true;
+  }
+  bool isCompleted() override { return true; }
+  bool isSuccess() const override { return true; }
+  bool wait(std::chrono::milliseconds /*timeout*/) override { return true; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The groups made so far over the same devices, as seen by the member on `own_device`:
+// members make their groups in the same order, so the n-th group over the same
+// devices is the same group for each of them.
+std::string group_identity(const std::vector<int64_t>& device_ids, int64_t own_device) {
+  static std::mutex mutex;
+  static std::map<std::pair<std::string, int64_t>, int> made;
+  std::string devices;
+  for (int64_t d : device_ids) devices += std::to_string(d) + ",";
+  std::lock_guard<std::mutex> lock(mutex);
+  return devices + "#" + std::to_string(made[{devices, own_device}]++);
+}
+
 class XlaTransport final : public Transport {
  public:
-  XlaTransport(std::unique_ptr<Transport> control, int rank, int size, std::vector<int64_t> device_ids)
-      : control_(std::move(control)), rank_(rank), size_(size), device_ids_(std::move(device_ids)) {
+  XlaTransport(std::unique_ptr<Transport> control, int rank, int size, std::vector<int64_t> device_ids,
+               std::chrono::milliseconds timeout)
+      : control_(std::move(control)), rank_(rank), size_(size), device_ids_(std::move(device_ids)),
+        timeout_(timeout) {
     TORCH_CHECK(static_cast<int>(device_ids_.size()) == size_, "pjrt: the XLA transport needs one device per rank");
     uint64_t h = 1469598103934665603ull;
     for (int64_t d : device_ids_) h = (h ^ static_cast<uint64_t>(d + 1)) * 1099511628211ull;
     group_hash_ = static_cast<int>(h & 0x3fff) << 16;
+    group_ = group_identity(device_ids_, device_ids_[rank_]);
+    const int count = device::rt().device_count();
+    for (int64_t id : device_ids_) {
+      int local = -1;
+      for (int i = 0; i < count && local < 0; ++i) {
+        if (device::rt().device(i).id() == id) local = i;
+      }
+      TORCH_CHECK(local >= 0, "pjrt: the XLA transport's device ", id, " is not one of this process's");
+      local_index_.push_back(local);
+    }
   }
+  ~XlaTransport() override { Mailbox::get().leave(group_, rank_, size_); }
 
   std::string name() const override { return "xla"; }
 
@@ -128,45 +305,60 @@ class XlaTransport final : public Transport {
                   const std::vector<int64_t>& in_splits) override {
     const bool equal = std::all_of(out_splits.begin(), out_splits.end(), [&](int64_t s) { return s == out_splits[0]; }) &&
                        std::all_of(in_splits.begin(), in_splits.end(), [&](int64_t s) { return s == in_splits[0]; });
-    if (!equal || (!out_splits.empty() && !in_splits.empty() && out_splits[0] != in_splits[0])) {
-      control_->all_to_all(out, in, out_splits, in_splits);  // ragged rows: through the control transport
+    if (equal && (out_splits.empty() || in_splits.empty() || out_splits[0] == in_splits[0])) {
+      write(out, run({CollectiveKind::AllToAll}, in));
       return;
     }
-    write(out, run({CollectiveKind::AllToAll}, in));
+    // Unequal rows: every chunk padded to the longest chunk of any rank (which the ranks
+    // agree on first), one equal all-to-all, then the padding dropped.
+    auto splits_or_equal = [&](const std::vector<int64_t>& given, const at::Tensor& t) {
+      return given.empty() ? std::vector<int64_t>(size_, t.size(0) / size_) : given;
+    };
+    const std::vector<int64_t> sends = splits_or_equal(in_splits, in), receives = splits_or_equal(out_splits, out);
+    int64_t longest = 0;
+    for (int64_t s : sends) longest = std::max(longest, s);
+    for (int64_t s : receives) longest = std::max(longest, s);
+    for (const auto& theirs : control_->exchange({longest})) longest = std::max(longest, theirs.at(0));
+    if (longest == 0) return;
+    const int64_t row = c10::multiply_integers(in.sizes().slice(1));
+    const at::Tensor rows = in.reshape({in.size(0), row});
+    std::vector<at::Tensor> padded;
+    int64_t offset = 0;
+    for (int64_t s : sends) {
+      padded.push_back(at::constant_pad_nd(rows.narrow(0, offset, s), {0, 0, 0, longest - s}));
+      offset += s;
+    }
+    const at::Tensor got = run({CollectiveKind::AllToAll}, at::cat(padded).reshape({-1})).view({size_, longest, row});
+    std::vector<at::Tensor> kept;
+    for (int r = 0; r < size_; ++r) kept.push_back(got[r].narrow(0, 0, receives[r]));
+    out.copy_(at::cat(kept).view(out.sizes()));
   }
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) override {
-    return control_->send(t, dst, tag);
+    at::Tensor payload = device::to_device(t, local_index_.at(dst), "send");
+    if (!payload.defined()) {  // the plugin has no device-to-device copy: through the host
+      payload = t.to(at::kCPU).contiguous();
+      count_host_bytes(static_cast<int64_t>(payload.nbytes()));
+    }
+    Mailbox::get().post(group_, {rank_, dst, tag, payload});
+    return c10::make_intrusive<PostedWork>(t);
   }
   c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, int tag) override {
-    return control_->recv(t, src, tag);
+    auto take = [group = group_, size = size_, src, dst = rank_, tag](std::chrono::milliseconds wait) {
+      return Mailbox::get().take(group, size, src, dst, tag, wait);
+    };
+    return c10::make_intrusive<MailboxRecvWork>(t, std::move(take), timeout_);
   }
 
  private:
-  // A pjrt tensor's contents as one buffer of its own (a dense copy when the
-  // tensor is a view, or its storage holds more or other-typed elements).
-  std::pair<at::Tensor, std::shared_ptr<runtime::Buffer>> dense_buffer(const at::Tensor& t) {
-    const ir::DType dtype = device::to_ir(t.scalar_type());
-    auto usable = [&](const at::Tensor& x) -> std::shared_ptr<runtime::Buffer> {
-      if (!x.is_contiguous() || x.storage_offset() != 0) return nullptr;
-      auto buffer = device::materialize(device::state_of(x));
-      if (!buffer || buffer->element_type() != ir::pjrt_type(dtype)) return nullptr;
-      int64_t n = 1;
-      for (int64_t d : buffer->dims()) n *= d;
-      return n == x.numel() ? buffer : nullptr;
-    };
-    if (auto buffer = usable(t)) return {t, buffer};
-    at::Tensor copy = t.clone(at::MemoryFormat::Contiguous);
-    auto buffer = usable(copy);
-    TORCH_CHECK(buffer, "pjrt: the XLA transport could not take the contents of a ", t.scalar_type(), " tensor");
-    return {copy, buffer};
-  }
-
   // Runs `spec` on `input` (this rank's part; every rank launches its own);
   // the result as a new flat pjrt tensor.
   at::Tensor run(CollectiveSpec spec, const at::Tensor& input) {
     TORCH_CHECK(input.device().is_privateuseone(), "pjrt: the XLA transport takes pjrt tensors, got one on ",
                 input.device());
-    auto [dense, buffer] = dense_buffer(input);
+    at::Tensor dense;
+    std::shared_ptr<runtime::Buffer> buffer = device::dense_buffer(input, dense);
+    if (!buffer) buffer = device::dense_buffer(at::zeros_like(input, at::MemoryFormat::Contiguous), dense);  // never written
+    TORCH_CHECK(buffer, "pjrt: the XLA transport could not take the contents of a ", input.scalar_type(), " tensor");
     spec.dtype = device::to_ir(input.scalar_type());
     spec.input_dims = buffer->dims();
     spec.replicas = size_;
@@ -195,6 +387,9 @@ class XlaTransport final : public Transport {
   int rank_;
   int size_;
   std::vector<int64_t> device_ids_;
+  std::vector<int> local_index_;  // each member's device as this process numbers them
+  std::chrono::milliseconds timeout_;
+  std::string group_;  // the mailbox's name for this group
   int group_hash_ = 0;
   uint64_t launches_ = 0;
 };
@@ -202,8 +397,8 @@ class XlaTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_xla_transport(std::unique_ptr<Transport> control, int rank, int size,
-                                              std::vector<int64_t> device_ids) {
-  return std::make_unique<XlaTransport>(std::move(control), rank, size, std::move(device_ids));
+                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout) {
+  return std::make_unique<XlaTransport>(std::move(control), rank, size, std::move(device_ids), timeout);
 }
 
 TransportStats transport_stats() {

@@ -6,6 +6,7 @@
 // (node_id/num_nodes and a key-value store) would use it across processes too.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -17,10 +18,11 @@
 namespace torch_pjrt::distributed {
 
 // control: the transport that carries `exchange` (the ranks' signatures, a few
-// integers), point to point and all-to-all with unequal splits. device_ids:
-// every member's global device id, by rank.
+// integers). device_ids: every member's global device id, by rank. Point to point
+// copies device to device between the members (this process's devices all); a
+// receive waits for its message up to `timeout`.
 std::unique_ptr<Transport> make_xla_transport(std::unique_ptr<Transport> control, int rank, int size,
-                                              std::vector<int64_t> device_ids);
+                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout);
 
 // Collectives run so far in this process, by transport name, and the bytes the
 // host-staged transport moved through the host.

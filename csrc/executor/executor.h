@@ -38,6 +38,7 @@ struct Metrics {
   std::atomic<int64_t> host_syncs{0};
   std::atomic<int64_t> host_to_device_bytes{0};
   std::atomic<int64_t> device_to_host_bytes{0};
+  std::atomic<int64_t> device_to_device_bytes{0};  // copies between two devices of the client
   // Deferred execution: graphs run, the ops they held, their outputs, buffers
   // donated to them, and pending values dropped because nothing held them.
   std::atomic<int64_t> ops_recorded{0};

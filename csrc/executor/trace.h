@@ -11,7 +11,7 @@
 
 namespace torch_pjrt::executor {
 
-enum class TraceKind { Program, Compile, HostToDevice, DeviceToHost, Sync };
+enum class TraceKind { Program, Compile, HostToDevice, DeviceToHost, DeviceToDevice, Sync };
 
 struct TraceEvent {
   TraceKind kind;

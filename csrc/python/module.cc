@@ -44,6 +44,7 @@ py::dict metrics_dict() {
   d["host_syncs"] = m.host_syncs.load();
   d["host_to_device_bytes"] = m.host_to_device_bytes.load();
   d["device_to_host_bytes"] = m.device_to_host_bytes.load();
+  d["device_to_device_bytes"] = m.device_to_device_bytes.load();
   d["ops_recorded"] = m.ops_recorded.load();
   d["graphs"] = m.graphs.load();
   d["graph_ops"] = m.graph_ops.load();

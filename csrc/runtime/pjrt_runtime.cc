@@ -248,6 +248,18 @@ void Buffer::await_ready() const {
   Event(api_, args.event).await();
 }
 
+std::unique_ptr<Buffer> Buffer::copy_to_device(const Device& dst) const {
+  if (offsetof(PJRT_Api, PJRT_Buffer_CopyToDevice) >= api_->raw()->struct_size ||
+      api_->raw()->PJRT_Buffer_CopyToDevice == nullptr) {
+    throw PjrtError(ErrorCode::kUnimplemented, "PJRT_Buffer_CopyToDevice: not in this plugin's API");
+  }
+  auto args = ARGS(PJRT_Buffer_CopyToDevice_Args);
+  args.buffer = buffer_;
+  args.dst_device = dst.raw();
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_CopyToDevice, &args, "PJRT_Buffer_CopyToDevice");
+  return std::make_unique<Buffer>(api_, args.dst_buffer);
+}
+
 // ---------------------------------------------------------------- Device
 
 Device::Device(std::shared_ptr<const Api> api, PJRT_Device* device)

@@ -39,6 +39,7 @@ using ElementType = PJRT_Buffer_Type;
 
 class Api;
 class Client;
+class Device;
 
 // Owns a PJRT_Event; await() rethrows the event's error.
 class Event {
@@ -83,6 +84,9 @@ class Buffer {
   void to_host(void* dst, size_t dst_size) const;
   // Waits until the buffer is computed; rethrows any execution error.
   void await_ready() const;
+  // A copy on another device of the same client, made by the plugin (device to device where
+  // the hardware links them); PjrtError kUnimplemented where the plugin has no such copy.
+  std::unique_ptr<Buffer> copy_to_device(const Device& dst) const;
   // Counts `bytes` in `counter` until the buffer is destroyed or donated.
   void track(MemoryCounter* counter, int64_t bytes);
   // A program consumed this buffer (input/output aliasing): its memory is the output's now.

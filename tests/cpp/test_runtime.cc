@@ -73,6 +73,20 @@ TEST(Runtime, BufferRoundTrip) {
   EXPECT_EQ(out, data);
 }
 
+TEST(Runtime, BufferCopiedToAnotherDeviceRunsThere) {
+  auto client = shared_client();
+  std::vector<float> a{1, 2, 3, 4, 5, 6}, c{10, 20, 30, 40, 50, 60};
+  auto& from = client->devices()[1];
+  auto& to = client->devices()[0];
+  auto copied = client->buffer_from_host(a.data(), PJRT_Buffer_Type_F32, {2, 3}, from)->copy_to_device(to);
+  EXPECT_EQ(copied->dims(), (std::vector<int64_t>{2, 3}));
+  auto bc = client->buffer_from_host(c.data(), PJRT_Buffer_Type_F32, {2, 3}, to);
+  auto outs = client->compile(add_module())->execute(to, {copied->raw(), bc->raw()});
+  std::vector<float> r(6);
+  outs[0]->to_host(r.data(), 24);
+  EXPECT_EQ(r, (std::vector<float>{11, 22, 33, 44, 55, 66}));
+}
+
 TEST(Runtime, CompileAndExecute) {
   auto client = shared_client();
   auto exe = client->compile(add_module());

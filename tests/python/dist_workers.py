@@ -367,6 +367,21 @@ def bad_input(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def recv_from_a_rank_that_left(rank: int, world: int) -> dict[str, Any]:
+    """A receive from a rank whose process group is gone fails at once, not at the timeout."""
+    dist.init_process_group("pjrt", timeout=timeout())
+    dist.barrier()
+    if rank == 1:
+        dist.destroy_process_group()
+        return {}
+    start = time.monotonic()
+    msg = _raises(lambda: dist.recv(torch.empty(2, device=dev()), src=1, tag=4), "rank 1 has left the group")
+    seconds = time.monotonic() - start
+    dist.destroy_process_group()
+    return {"message": msg, "seconds": seconds}
+
+
+@scenario
 def peer_dies(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
     dist.barrier()
@@ -725,10 +740,36 @@ def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
     want = torch.empty_like(x)
     dist.all_to_all_single(want, x)
     exact(got, want, "all_to_all_single")
+    # Rows that differ by sender and receiver (some none), as a mixture of experts routes tokens.
+    sends = lambda r: [(r + 2 * j) % 3 for j in range(world)]  # noqa: E731  rank r's rows to each rank
+    in_splits, out_splits = sends(rank), [sends(j)[rank] for j in range(world)]
+    x = values((sum(in_splits), 2, 2), torch.float32, rank)
+    got = torch.empty(sum(out_splits), 2, 2, device=dev())
+    dist.all_to_all_single(got, x.to(dev()), out_splits, in_splits)
+    want = torch.empty(sum(out_splits), 2, 2)
+    dist.all_to_all_single(want, x, out_splits, in_splits)
+    exact(got, want, "all_to_all_single with split sizes")
     parts = [values((2,), torch.int64, 50 + j) for j in range(world)]
     got = torch.empty(2, dtype=torch.int64, device=dev())
     dist.scatter(got, [p.to(dev()) for p in parts] if rank == world - 1 else None, src=world - 1)
     exact(got, parts[rank], "scatter")
+    # Point to point around the ring, twice with tags that arrive out of order, and a
+    # receive from any source.
+    right, left = (rank + 1) % world, (rank - 1) % world
+    first, second = values((3,), torch.int32, rank), values((2, 2), torch.float32, rank)
+    late = dist.isend(second.to(dev()), dst=right, tag=2)
+    dist.send(first.to(dev()), dst=right, tag=1)
+    got_first, got_second = torch.empty(3, dtype=torch.int32, device=dev()), torch.empty(2, 2, device=dev())
+    dist.recv(got_second, src=left, tag=2)
+    dist.recv(got_first, src=left, tag=1)
+    late.wait()
+    exact(got_first, values((3,), torch.int32, left), "send/recv around the ring (tag 1)")
+    exact(got_second, values((2, 2), torch.float32, left), "isend/recv around the ring (tag 2)")
+    if rank == 0:
+        sources = sorted(dist.recv(got_first, tag=7) for _ in range(world - 1))
+        assert sources == list(range(1, world)), sources
+    else:
+        dist.send(first.to(dev()), dst=0, tag=7)
     dist.barrier()
     transport = dist.group.WORLD._get_backend(dev()).transport
     dist.destroy_process_group()

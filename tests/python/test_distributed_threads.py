@@ -17,7 +17,7 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300, through_host: bool = False) -> dict[str, Any]:
+def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
     env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="8", DIST_TEST_TIMEOUT="60", OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), name, str(world), str(out)], cwd=HERE,
@@ -25,16 +25,15 @@ def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300, throug
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     result = json.loads(out.read_text())
     assert len(result["reports"]) == world
-    # Every collective ran on the devices; none moved bytes through the host unless it has
-    # no XLA program yet (point to point, all-to-all with unequal splits: `through_host`).
+    # Every collective, all-to-all with unequal splits and point to point included, ran on
+    # the devices: no byte went through the host.
     assert set(result["transport"]["collectives"]) == {"xla"}, result["transport"]
-    assert (result["transport"]["host_bytes"] > 0) == through_host, result["transport"]
+    assert result["transport"]["host_bytes"] == 0, result["transport"]
     return result
 
 
 def test_every_collective_matches_gloo_bit_for_bit_over_two_rank_threads(tmp_path: Path) -> None:
-    # (its send/recv and all-to-all with unequal splits still go through the host)
-    reports = _threads("collectives", 2, tmp_path, through_host=True)["reports"]
+    reports = _threads("collectives", 2, tmp_path)["reports"]
     assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
 
 
@@ -85,6 +84,17 @@ def test_a_late_rank_still_launches_its_part_while_the_others_queue_work(tmp_pat
     # another rank held while its launch waited for the late rank's part)
     reports = _threads("a_late_rank", 4, tmp_path)["reports"]
     assert [r["value"] for r in reports] == [1.0] * 4, reports
+
+
+def test_bad_input_raises_on_every_rank_thread_and_the_group_survives(tmp_path: Path) -> None:
+    reports = _threads("bad_input", 2, tmp_path)["reports"]
+    assert "rank 0 sent Float[10], this rank receives into Float[5]" in reports[1]["messages"]["recv size"]
+    assert all(r["destroy_seconds"] < 5 for r in reports), reports  # an unanswered irecv does not hold it up
+
+
+def test_a_receive_from_a_rank_that_left_fails_at_once(tmp_path: Path) -> None:
+    report = _threads("recv_from_a_rank_that_left", 2, tmp_path)["reports"][0]
+    assert report["seconds"] < 10, report  # the group's timeout is 60 s
 
 
 def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:

@@ -71,19 +71,40 @@ def test_device_name_override():
     assert "tpu:0" in r.stdout
 
 
-def test_several_cpu_devices():
+def test_several_cpu_devices_and_copies_between_them():
+    # Copies between devices are the plugin's device-to-device copies (no host round trip):
+    # whole tensors, views, dtype changes, conj views, into a view of the destination.
     code = (
-        "import torch\n"
+        "import torch, torch_pjrt\n"
         "print(torch.pjrt.device_count())\n"
         "a = torch.arange(4., device='pjrt:1')\n"
         "b = a.to('pjrt:0')\n"
         "print(a.device, b.device, (b * 2).cpu().tolist())\n"
+        "cpu = torch.randn(6, 5, dtype=torch.float64)\n"
+        "z = torch.randn(3, 2, dtype=torch.complex64)\n"
+        "src, zsrc = cpu.to('pjrt:1'), z.to('pjrt:1')\n"
+        "torch.pjrt.synchronize()\n"
+        "before = torch_pjrt.metrics()\n"
+        "moved = [src.to('pjrt:0'), src.t()[1:4, ::2].to('pjrt:0'), src.to('pjrt:0', torch.float32),\n"
+        "         zsrc.conj().to('pjrt:0')]\n"
+        "dst = torch.zeros(6, 5, dtype=torch.float64, device='pjrt:0')\n"
+        "dst[1:3, ::2].copy_(src[4:, 1:4])\n"
+        "torch.pjrt.synchronize()\n"
+        "after = torch_pjrt.metrics()\n"
+        "print(all(m.device == torch.device('pjrt:0') for m in moved + [dst]))\n"
+        "want = [cpu, cpu.t()[1:4, ::2], cpu.float(), z.conj().resolve_conj()]\n"
+        "print([torch.equal(m.cpu(), w) for m, w in zip(moved, want)])\n"
+        "ref = torch.zeros(6, 5, dtype=torch.float64); ref[1:3, ::2] = cpu[4:, 1:4]\n"
+        "print(torch.equal(dst.cpu(), ref))\n"
+        "print(after['device_to_host_bytes'] - before['device_to_host_bytes'],\n"
+        "      after['device_to_device_bytes'] - before['device_to_device_bytes'] > 0)\n"
     )
     r = run_py(code, TORCH_PJRT_CPU_DEVICES="2")
     assert r.returncode == 0, r.stderr
     out = r.stdout.split("\n")
     assert out[0] == "2"
     assert "pjrt:1 pjrt:0 [0.0, 2.0, 4.0, 6.0]" in out[1]
+    assert out[2:6] == ["True", "[True, True, True, True]", "True", "0 True"], out
 
 
 def test_missing_plugin_is_a_clear_python_error():

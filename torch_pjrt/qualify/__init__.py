@@ -14,6 +14,10 @@ Checks, each with a verdict (PASS, FAIL or SKIP with its reason):
   strict, fused and compiled modes; every step's loss, gradients, buffers and
   parameters against float64 replays of that step from the device's state,
   within a bound measured from float32's own distance to them.
+- `collectives.*` (collectives.py): every collective of the `pjrt` process group over
+  the plugin's devices as rank threads of one process (programs over the devices),
+  values against the CPU, nothing through the host; between processes: reported as
+  not supported yet (SKIP), not passed on the host path.
 Exit status 1 when any check fails.
 """
 
@@ -28,7 +32,7 @@ import torch
 
 import torch_pjrt
 
-from . import differential, families, stress
+from . import collectives, differential, families, stress
 
 MODES = ("strict", "fused", "compiled")
 EAGER_MODES = ("strict", "fused")
@@ -71,8 +75,19 @@ def _training_check(family: str, optimizer: str, mode: str, steps: int) -> Check
                  families.missing_requirement(families.FAMILIES[family]))
 
 
+def _collective_checks() -> list[Check]:
+    from .. import _plugins
+
+    is_cpu = _plugins.is_cpu(_plugins.choose_plugin())
+    count = getattr(torch, torch_pjrt.DEVICE_NAME).device_count()
+    alone = None if is_cpu or count > 1 else f"this plugin has {count} device here: no group to run collectives over"
+    return [Check("collectives.devices", lambda: collectives.devices_check(count, is_cpu), alone),
+            Check("collectives.cross-process", lambda: "", collectives.CROSS_PROCESS_SKIP)]
+
+
 def all_checks(steps: int = 10) -> list[Check]:
     checks = [_stress_check(name, fn, mode) for name, fn in stress.STRESS_CHECKS.items() for mode in EAGER_MODES]
+    checks += _collective_checks()
     checks += [_training_check(f, o, m, steps) for f in families.FAMILIES for o in families.OPTIMIZERS
                for m in MODES]
     return checks
