@@ -626,23 +626,34 @@ def _seq_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 6, 16, generator=g), torch.randn(4, 6, 16, generator=g)
 
 
-@scenario
-def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor import DTensor
+def _tensor_parallel_block(mesh: Any) -> nn.Module:
+    """The block with its attention and MLP split over `mesh` (Megatron style)."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    dist.init_process_group("pjrt", timeout=timeout())
-    mesh = init_device_mesh("pjrt", (world,))
-    model = parallelize_module(_block().to(dev()), mesh, {
+    return parallelize_module(_block().to(dev()), mesh, {
         "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
         "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()})
+
+
+def _train_block(model: nn.Module, rows: int = 1, row: int = 0) -> list[torch.Tensor]:
+    """STEPS of SGD, each on part `row` of `rows` of the batch; the full parameters after."""
+    from torch.distributed.tensor import DTensor
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     for step in range(STEPS):
-        x, y = _seq_batch(step)  # the same full batch on every rank
+        x, y = _seq_batch(step)
+        n = x.shape[0] // rows
+        x, y = x[row * n:(row + 1) * n], y[row * n:(row + 1) * n]
         opt.zero_grad()
         F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
         opt.step()
-    got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
+    return [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
+
+
+@scenario
+def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh("pjrt", (world,))
+    got = _train_block(_tensor_parallel_block(mesh))  # the same full batch on every rank
     err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
                               "tensor parallel block")
     # DTensor's RNG tracker reads and sets the pjrt generator state (16 bytes:
@@ -666,25 +677,12 @@ def fsdp_tp(rank: int, world: int) -> dict[str, Any]:
     (each row trains on its part of the batch), against full-batch single-device training."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
     dist.init_process_group("pjrt", timeout=timeout(), device_id=dev())
     tp = 2
     mesh = init_device_mesh(dev().type, (world // tp, tp), mesh_dim_names=("dp", "tp"))
-    model = parallelize_module(_block().to(dev()), mesh["tp"], {
-        "attn.q": ColwiseParallel(), "attn.k": ColwiseParallel(), "attn.v": ColwiseParallel(),
-        "attn.o": RowwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()})
+    model = _tensor_parallel_block(mesh["tp"])
     fully_shard(model, mesh=mesh["dp"])
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    rows, row = world // tp, mesh.get_local_rank("dp")
-    for step in range(STEPS):
-        x, y = _seq_batch(step)
-        n = x.shape[0] // rows
-        x, y = x[row * n:(row + 1) * n], y[row * n:(row + 1) * n]  # this row's part of the batch
-        opt.zero_grad()
-        F.mse_loss(model(x.to(dev())), y.to(dev())).backward()
-        opt.step()
-    got = [p.full_tensor().cpu() if isinstance(p, DTensor) else p.detach().cpu() for p in model.parameters()]
+    got = _train_block(model, rows=world // tp, row=mesh.get_local_rank("dp"))  # each row its part of the batch
     err = _close_to_reference(got, _reference_params(_block, STEPS, batch_fn=_seq_batch), F32_RTOL,
                               "FSDP2 x tensor parallel block")
     dist.destroy_process_group()
