@@ -86,9 +86,9 @@ class ProgramCache {
 };
 
 // Point to point between the ranks of this process: a send copies its tensor to the
-// receiver's device (device to device) and posts it here at once, as a buffered send; a
-// receive takes the first message for it from its source (any source: the first from
-// anyone) in the order they were sent, waiting for one until its group's timeout.
+// receiver's device (device to device) and posts it at once, as a buffered send. A receive
+// is matched when it is posted, in posting order as gloo matches them: to the first message
+// waiting for it from its source (any source: from anyone), else to the next that arrives.
 class Mailbox {
  public:
   static Mailbox& get() {
@@ -101,39 +101,80 @@ class Mailbox {
     int tag = 0;
     at::Tensor payload;  // on the destination's device (on the host where the plugin cannot copy)
   };
+  // A posted receive: `letter` is set once a message is matched to it.
+  struct Slot {
+    int source = -1;  // -1: any
+    int destination = -1;
+    int tag = 0;
+    std::optional<Letter> letter;
+    bool matches(const Letter& l) const {
+      return l.destination == destination && l.tag == tag && (source < 0 || l.source == source);
+    }
+  };
+
   void post(const std::string& group, Letter letter) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      groups_[group].letters.push_back(std::move(letter));
+      Group& g = groups_[group];
+      auto it = std::find_if(g.receives.begin(), g.receives.end(), [&](const auto& r) { return r->matches(letter); });
+      if (it == g.receives.end()) {
+        g.letters.push_back(std::move(letter));
+        return;
+      }
+      (*it)->letter = std::move(letter);
+      g.receives.erase(it);
     }
     arrived_.notify_all();
   }
-  // The letter for (destination, tag) from `source` (-1: anyone); none yet: nullopt when
-  // `wait` is zero, else waits up to `wait`, failing when the source left the group.
-  std::optional<Letter> take(const std::string& group, int group_size, int source, int destination, int tag,
-                             std::chrono::milliseconds wait) {
+  std::shared_ptr<Slot> expect(const std::string& group, int source, int destination, int tag) {
+    auto slot = std::make_shared<Slot>();
+    slot->source = source;
+    slot->destination = destination;
+    slot->tag = tag;
+    std::lock_guard<std::mutex> lock(mutex_);
+    Group& g = groups_[group];
+    auto it = std::find_if(g.letters.begin(), g.letters.end(), [&](const Letter& l) { return slot->matches(l); });
+    if (it != g.letters.end()) {
+      slot->letter = std::move(*it);
+      g.letters.erase(it);
+    } else {
+      g.receives.push_back(slot);
+    }
+    return slot;
+  }
+  bool arrived(const Slot& slot) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return slot.letter.has_value();
+  }
+  // The slot's message, waiting up to `wait` for it; fails at once when its source (for any
+  // source: every other rank) has left the group, or the whole group is gone.
+  Letter wait(const std::string& group, int group_size, Slot& slot, std::chrono::milliseconds wait) {
     std::unique_lock<std::mutex> lock(mutex_);
-    const auto deadline = std::chrono::steady_clock::now() + wait;
+    const auto deadline = std::chrono::steady_clock::now() + std::min(wait, std::chrono::milliseconds(int64_t{1} << 40));
     for (;;) {
-      Group& g = groups_[group];
-      for (auto it = g.letters.begin(); it != g.letters.end(); ++it) {
-        if (it->destination == destination && it->tag == tag && (source < 0 || it->source == source)) {
-          Letter letter = std::move(*it);
-          g.letters.erase(it);
-          return letter;
-        }
+      if (slot.letter) {
+        Letter letter = std::move(*slot.letter);
+        slot.letter.reset();
+        return letter;
       }
-      if (wait.count() == 0) return std::nullopt;
-      const bool gone = source >= 0 ? g.left.count(source) > 0
-                                    : static_cast<int>(g.left.size() - g.left.count(destination)) >= group_size - 1;
-      TORCH_CHECK(!gone, "pjrt recv: ", source >= 0 ? "rank " + std::to_string(source) + " has" : "every other rank has",
-                  " left the group (destroyed its process group, or raised) without sending tag ", tag,
-                  " to rank ", destination);
-      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout) {
-        C10_THROW_ERROR(DistBackendError, "pjrt recv: rank " + std::to_string(destination) + " waited " +
-                                              std::to_string(wait.count() / 1000) + " s for tag " + std::to_string(tag) +
-                                              " from " + (source >= 0 ? "rank " + std::to_string(source) : "any rank") +
-                                              " (the group's timeout)");
+      auto g = groups_.find(group);
+      const std::string from = slot.source >= 0 ? "rank " + std::to_string(slot.source) : "any rank";
+      const bool gone = g == groups_.end() ||
+                        (slot.source >= 0 ? g->second.left.count(slot.source) > 0
+                                          : static_cast<int>(g->second.left.size() - g->second.left.count(slot.destination)) >=
+                                                group_size - 1);
+      if (gone) {
+        unpost(group, slot);
+        C10_THROW_ERROR(DistBackendError, "pjrt recv: " + (slot.source >= 0 ? "rank " + std::to_string(slot.source) + " has"
+                                                                            : std::string("every other rank has")) +
+                                              " left the group (destroyed its process group, or raised) without sending tag " +
+                                              std::to_string(slot.tag) + " to rank " + std::to_string(slot.destination));
+      }
+      if (arrived_.wait_until(lock, deadline) == std::cv_status::timeout && !slot.letter) {
+        unpost(group, slot);
+        C10_THROW_ERROR(DistBackendError, "pjrt recv: rank " + std::to_string(slot.destination) + " waited " +
+                                              std::to_string(wait.count() / 1000) + " s for tag " +
+                                              std::to_string(slot.tag) + " from " + from + " (the group's timeout)");
       }
     }
   }
@@ -151,9 +192,18 @@ class Mailbox {
 
  private:
   struct Group {
-    std::deque<Letter> letters;
+    std::deque<Letter> letters;                 // sent, not yet matched
+    std::deque<std::shared_ptr<Slot>> receives;  // posted, not yet matched
     std::set<int> left;
   };
+  // A receive that gave up no longer takes messages (mutex_ held).
+  void unpost(const std::string& group, const Slot& slot) {
+    auto g = groups_.find(group);
+    if (g == groups_.end()) return;
+    auto& receives = g->second.receives;
+    receives.erase(std::remove_if(receives.begin(), receives.end(), [&](const auto& r) { return r.get() == &slot; }),
+                   receives.end());
+  }
   std::mutex mutex_;
   std::condition_variable arrived_;
   std::map<std::string, Group> groups_;
@@ -165,37 +215,44 @@ std::string describe_tensor(at::ScalarType dtype, c10::IntArrayRef sizes) {
   return s.str();
 }
 
-// A receive: takes its message when waited on (or found by isCompleted) and writes it
-// into the tensor given.
+// A receive: its message is matched when it is posted; wait() (or isCompleted() once the
+// message is there) writes it into the tensor given.
 class MailboxRecvWork final : public c10d::Work {
  public:
-  using Take = std::function<std::optional<Mailbox::Letter>(std::chrono::milliseconds)>;
-  MailboxRecvWork(at::Tensor target, Take take, std::chrono::milliseconds timeout)
-      : Work(-1, c10d::OpType::RECV), target_(std::move(target)), take_(std::move(take)), timeout_(timeout) {
+  MailboxRecvWork(at::Tensor target, std::string group, int group_size, std::shared_ptr<Mailbox::Slot> slot,
+                  std::chrono::milliseconds timeout)
+      : Work(-1, c10d::OpType::RECV), target_(std::move(target)), group_(std::move(group)), group_size_(group_size),
+        slot_(std::move(slot)), timeout_(timeout.count() > 0 ? timeout : std::chrono::minutes(30)) {
     future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
                                                        std::vector<c10::Device>{target_.device()});
   }
   bool isCompleted() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!completed_) {
-      if (auto letter = take_(std::chrono::milliseconds(0))) deliver(*letter);
+    if (done_) return true;
+    {
+      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);  // not while another thread waits on it
+      if (!lock.owns_lock() || completed_ || !Mailbox::get().arrived(*slot_)) return done_;
+      deliver(Mailbox::get().wait(group_, group_size_, *slot_, timeout_));  // (there: returns at once)
     }
-    return completed_;
+    publish();
+    return true;
   }
   bool isSuccess() const override { return true; }
   int sourceRank() const override { return source_; }
   bool wait(std::chrono::milliseconds timeout) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!completed_) {
-      auto letter = take_(timeout.count() > 0 ? timeout : timeout_);
-      deliver(*letter);
+    try {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!completed_) deliver(Mailbox::get().wait(group_, group_size_, *slot_, timeout.count() > 0 ? timeout : timeout_));
+    } catch (...) {
+      future_->setErrorIfNeeded(std::current_exception());
+      throw;
     }
+    publish();
     return true;
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
  private:
-  void deliver(const Mailbox::Letter& letter) {
+  void deliver(const Mailbox::Letter& letter) {  // mutex_ held
     const at::Tensor& sent = letter.payload;
     TORCH_CHECK(sent.scalar_type() == target_.scalar_type() && sent.numel() == target_.numel(), "pjrt recv: rank ",
                 letter.source, " sent ", describe_tensor(sent.scalar_type(), sent.sizes()),
@@ -204,13 +261,20 @@ class MailboxRecvWork final : public c10d::Work {
     target_.copy_(sent.view(target_.sizes()));
     source_ = letter.source;
     completed_ = true;
-    future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
+    done_ = true;
+  }
+  void publish() {  // outside mutex_: the future's callbacks may call back into this work
+    if (!published_.exchange(true)) future_->markCompleted(c10::IValue(std::vector<at::Tensor>{target_}));
   }
   at::Tensor target_;
-  Take take_;
+  std::string group_;
+  int group_size_;
+  std::shared_ptr<Mailbox::Slot> slot_;
   std::chrono::milliseconds timeout_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_ = -1;
+  std::atomic<bool> done_{false};
+  std::atomic<bool> published_{false};
 };
 
 // A send: posted before it returns.
@@ -303,14 +367,10 @@ class XlaTransport final : public Transport {
   }
   void all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                   const std::vector<int64_t>& in_splits) override {
-    const bool equal = std::all_of(out_splits.begin(), out_splits.end(), [&](int64_t s) { return s == out_splits[0]; }) &&
-                       std::all_of(in_splits.begin(), in_splits.end(), [&](int64_t s) { return s == in_splits[0]; });
-    if (equal && (out_splits.empty() || in_splits.empty() || out_splits[0] == in_splits[0])) {
-      write(out, run({CollectiveKind::AllToAll}, in));
-      return;
-    }
-    // Unequal rows: every chunk padded to the longest chunk of any rank (which the ranks
-    // agree on first), one equal all-to-all, then the padding dropped.
+    // The ranks agree first on the longest chunk any of them sends and whether every rank's
+    // chunks are all of one size (then one equal all-to-all of the tensors as they are);
+    // else every chunk is padded to the longest, one equal all-to-all, the padding dropped.
+    // (Decided together: ranks taking different paths would wait on each other for ever.)
     auto splits_or_equal = [&](const std::vector<int64_t>& given, const at::Tensor& t) {
       return given.empty() ? std::vector<int64_t>(size_, t.size(0) / size_) : given;
     };
@@ -318,7 +378,21 @@ class XlaTransport final : public Transport {
     int64_t longest = 0;
     for (int64_t s : sends) longest = std::max(longest, s);
     for (int64_t s : receives) longest = std::max(longest, s);
-    for (const auto& theirs : control_->exchange({longest})) longest = std::max(longest, theirs.at(0));
+    auto all_equal = [&](const std::vector<int64_t>& v) {
+      return std::all_of(v.begin(), v.end(), [&](int64_t s) { return s == longest; });
+    };
+    const int64_t uniform = all_equal(sends) && all_equal(receives) ? 1 : 0;
+    bool everyone_uniform = true;
+    int64_t agreed = -1;
+    for (const auto& theirs : control_->exchange({longest, uniform})) {
+      everyone_uniform = everyone_uniform && theirs.at(1) == 1 && (agreed < 0 || theirs.at(0) == agreed);
+      agreed = std::max(agreed, theirs.at(0));
+    }
+    longest = agreed;
+    if (everyone_uniform) {
+      if (in.numel() > 0) write(out, run({CollectiveKind::AllToAll}, in));
+      return;
+    }
     if (longest == 0) return;
     const int64_t row = c10::multiply_integers(in.sizes().slice(1));
     const at::Tensor rows = in.reshape({in.size(0), row});
@@ -343,10 +417,8 @@ class XlaTransport final : public Transport {
     return c10::make_intrusive<PostedWork>(t);
   }
   c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, int tag) override {
-    auto take = [group = group_, size = size_, src, dst = rank_, tag](std::chrono::milliseconds wait) {
-      return Mailbox::get().take(group, size, src, dst, tag, wait);
-    };
-    return c10::make_intrusive<MailboxRecvWork>(t, std::move(take), timeout_);
+    return c10::make_intrusive<MailboxRecvWork>(t, group_, size_, Mailbox::get().expect(group_, src, rank_, tag),
+                                                timeout_);
   }
 
  private:

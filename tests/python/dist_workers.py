@@ -738,15 +738,17 @@ def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
     want = torch.empty_like(x)
     dist.all_to_all_single(want, x)
     exact(got, want, "all_to_all_single")
-    # Rows that differ by sender and receiver (some none), as a mixture of experts routes tokens.
-    sends = lambda r: [(r + 2 * j) % 3 for j in range(world)]  # noqa: E731  rank r's rows to each rank
-    in_splits, out_splits = sends(rank), [sends(j)[rank] for j in range(world)]
-    x = values((sum(in_splits), 2, 2), torch.float32, rank)
-    got = torch.empty(sum(out_splits), 2, 2, device=dev())
-    dist.all_to_all_single(got, x.to(dev()), out_splits, in_splits)
-    want = torch.empty(sum(out_splits), 2, 2)
-    dist.all_to_all_single(want, x, out_splits, in_splits)
-    exact(got, want, "all_to_all_single with split sizes")
+    # Rows that differ by sender and receiver (some none), as a mixture of experts routes
+    # tokens; then splits equal on rank 0 only (the ranks must still take one path together).
+    for sends in (lambda r: [(r + 2 * j) % 3 for j in range(world)],  # rank r's rows to each rank
+                  lambda r: [2] * world if r == 0 else [2 + (r + j) % 2 for j in range(world)]):
+        in_splits, out_splits = sends(rank), [sends(j)[rank] for j in range(world)]
+        x = values((sum(in_splits), 2, 2), torch.float32, rank)
+        got = torch.empty(sum(out_splits), 2, 2, device=dev())
+        dist.all_to_all_single(got, x.to(dev()), out_splits, in_splits)
+        want = torch.empty(sum(out_splits), 2, 2)
+        dist.all_to_all_single(want, x, out_splits, in_splits)
+        exact(got, want, f"all_to_all_single with split sizes {in_splits}")
     parts = [values((2,), torch.int64, 50 + j) for j in range(world)]
     got = torch.empty(2, dtype=torch.int64, device=dev())
     dist.scatter(got, [p.to(dev()) for p in parts] if rank == world - 1 else None, src=world - 1)
@@ -764,10 +766,25 @@ def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
     exact(got_first, values((3,), torch.int32, left), "send/recv around the ring (tag 1)")
     exact(got_second, values((2, 2), torch.float32, left), "isend/recv around the ring (tag 2)")
     if rank == 0:
-        sources = sorted(dist.recv(got_first, tag=7) for _ in range(world - 1))
-        assert sources == list(range(1, world)), sources
+        for _ in range(world - 1):  # each message is its sender's own
+            source = dist.recv(got_first, tag=7)
+            exact(got_first, values((3,), torch.int32, source), f"recv from any source (rank {source})")
     else:
         dist.send(first.to(dev()), dst=0, tag=7)
+    # Receives match in the order they were posted, whatever order they are waited in; views
+    # sent and received (a flattened [2, 3] tensor, a strided window).
+    sent = [values((2, 3), torch.float32, 10 * rank + i) for i in range(2)]
+    for s in sent:
+        dist.isend(s.to(dev()).view(-1), dst=right, tag=8)
+    windows = torch.zeros(2, 3, 4, device=dev())
+    posted = [dist.irecv(windows[i, :, ::2], src=left, tag=8) for i in range(2)]
+    posted[1].wait()
+    while not posted[0].is_completed():
+        pass
+    for i in range(2):
+        exact(windows[i, :, ::2].reshape(-1), values((2, 3), torch.float32, 10 * left + i).reshape(-1),
+              f"irecv {i} into a view")
+    assert windows[:, :, 1::2].abs().sum().item() == 0, "a receive wrote outside its view"
     dist.barrier()
     transport = dist.group.WORLD._get_backend(dev()).transport
     dist.destroy_process_group()

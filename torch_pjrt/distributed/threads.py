@@ -150,8 +150,12 @@ class _OneFakePropagationAtATime:
         import torch._dynamo.config as dynamo_config
 
         self._lock.acquire()
-        patch = dynamo_config.patch(fake_tensor_cache_enabled=False)
-        patch.__enter__()
+        try:
+            patch = dynamo_config.patch(fake_tensor_cache_enabled=False)
+            patch.__enter__()
+        except BaseException:
+            self._lock.release()
+            raise
         self._uncached.patch = patch
 
     def __exit__(self, *exc: object) -> None:

@@ -137,27 +137,31 @@ def rank_checks(rank: int, world: int) -> dict[str, Any]:
     got = torch.empty(world * 2, 3, device=dev)
     dist.all_to_all_single(got, xs[rank].to(dev))
     _expect(got, torch.cat([x[2 * rank:2 * rank + 2] for x in xs]), "all_to_all_single")
-    sends = [[(r + 2 * j) % 3 for j in everyone] for r in everyone]  # sends[r][j]: rows r sends j
-    xs = [_inputs((sum(sends[r]), 2), torch.int64, 80, r) for r in everyone]
-    out_splits = [sends[r][rank] for r in everyone]
-    got = torch.empty(sum(out_splits), 2, dtype=torch.int64, device=dev)
-    dist.all_to_all_single(got, xs[rank].to(dev), out_splits, sends[rank])
-    want = torch.cat([xs[r].split(sends[r])[rank] for r in everyone])
-    _expect(got, want, "all_to_all_single with unequal splits")
+    for sends in ([[(r + 2 * j) % 3 for j in everyone] for r in everyone],  # sends[r][j]: rows r sends j
+                  [[2] * world if r == 0 else [2 + (r + j) % 2 for j in everyone] for r in everyone]):
+        xs = [_inputs((sum(sends[r]), 2), torch.int64, 80, r) for r in everyone]
+        out_splits = [sends[r][rank] for r in everyone]
+        got = torch.empty(sum(out_splits), 2, dtype=torch.int64, device=dev)
+        dist.all_to_all_single(got, xs[rank].to(dev), out_splits, sends[rank])
+        want = torch.cat([xs[r].split(sends[r])[rank] for r in everyone])
+        _expect(got, want, f"all_to_all_single with splits {sends[rank]}")
     outs = [torch.empty(2, dtype=torch.int32, device=dev) for _ in everyone]
     dist.all_to_all(outs, [_inputs((2,), torch.int32, 90 + j, rank).to(dev) for j in everyone])
     _expect(torch.cat(outs), torch.cat([_inputs((2,), torch.int32, 90 + rank, r) for r in everyone]), "all_to_all")
     checked += ["all_to_all_single", "all_to_all_single with unequal splits", "all_to_all"]
-    # point to point around the ring, and a receive from any source
+    # point to point around the ring (a view sent, into a view), and a receive from any source
     right, left = (rank + 1) % world, (rank - 1) % world
-    sent = dist.isend(_inputs((4,), torch.float32, 100, rank).to(dev), dst=right)
-    got = torch.empty(4, device=dev)
-    dist.recv(got, src=left)
+    sent = dist.isend(_inputs((2, 3), torch.float32, 100, rank).to(dev).view(-1), dst=right)
+    got = torch.zeros(2, 6, device=dev)
+    dist.recv(got[:, ::2], src=left)
     sent.wait()
-    _expect(got, _inputs((4,), torch.float32, 100, left), "send/recv around the ring")
+    _expect(got[:, ::2], _inputs((2, 3), torch.float32, 100, left), "send/recv around the ring")
+    _expect(got[:, 1::2], torch.zeros(2, 3), "recv into a view (outside it)")
     if rank == 0:
-        sources = sorted(dist.recv(got, tag=3) for _ in range(world - 1))
-        assert sources == list(range(1, world)), f"recv from any source: got messages from {sources}"
+        got = torch.empty(4, device=dev)
+        for _ in range(world - 1):
+            source = dist.recv(got, tag=3)
+            _expect(got, _inputs((4,), torch.float32, 110, source), f"recv from any source (rank {source})")
     else:
         dist.send(_inputs((4,), torch.float32, 110, rank).to(dev), dst=0, tag=3)
     dist.barrier()
