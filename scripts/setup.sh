@@ -63,11 +63,11 @@ assert m.version('transformers') == '5.23.0' and m.version('diffusers') == '0.42
     | grep -v "^WARNING: Location" || true
 fi
 
-# Training-stack tests: pinned accelerate, Lightning, PEFT, TRL, Ray and TorchTitan (README, "Training stacks").
+# Training-stack tests: pinned accelerate, Lightning, PEFT, TRL, Ray, TorchTitan and torchao (README, "Training stacks").
 if ! "$VPY" -c "import importlib.metadata as m
 assert m.version('accelerate') == '1.15.0' and m.version('torchtitan') == '0.3.0'
 assert m.version('pytorch-lightning') == '2.6.6' and m.version('peft') == '0.21.2' and m.version('trl') == '1.16.0'
-assert m.version('ray') == '2.60.0'" \
+assert m.version('ray') == '2.60.0' and m.version('torchao') == '0.18.0'" \
   2>/dev/null; then
   echo "setup: installing training-stack test packages"
   "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-stacks.txt "$TORCH_SPEC" 2>&1 \

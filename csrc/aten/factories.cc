@@ -230,7 +230,7 @@ Tensor& range_out(const at::Scalar& start, const at::Scalar& end, const at::Scal
   OpBuilder op("aten::range");
   auto& b = op.b();
   ir::DType dt = at::isFloatingType(out.scalar_type()) ? to_ir(out.scalar_type()) : ir::DType::F64;
-  if (dt == ir::DType::F16 || dt == ir::DType::BF16) dt = ir::DType::F32;
+  if (ir::is_reduced_float(dt)) dt = ir::DType::F32;
   Value i = b.convert(b.iota(ir::DType::S64, {n}, 0), dt);
   Value r = b.binary("add", b.broadcast_to(op.scalar(start, to_aten(dt)), {n}),
                      b.binary("multiply", i, b.broadcast_to(op.scalar(step, to_aten(dt)), {n})));

@@ -1,4 +1,4 @@
-// Products: mm, bmm, addmm, addmv, dot, vdot, cross, int_mm, cdist/pdist.
+// Products: mm, bmm, addmm, addmv, dot, vdot, cross, int_mm, scaled_mm (float8), cdist/pdist.
 #include <ATen/Dispatch_v2.h>
 #include <ATen/ExpandUtils.h>
 #include <ATen/WrapDimUtils.h>
@@ -271,6 +271,60 @@ Tensor int_mm(const Tensor& self, const Tensor& mat2) {
 }
 Tensor& int_mm_out(const Tensor& self, const Tensor& mat2, Tensor& out) { return write_out("_int_mm", int_mm(self, mat2), out); }
 
+// float8 products with scales (torchao's float8 training, float8 inference): as torch's CPU
+// kernel computes them, (a * scale_a) @ (b * scale_b) in float32 (+ bias), divided by
+// scale_result for a float8 result, then converted to out_dtype (float8 by torch's rules).
+// Scales: one value each (tensor-wise), or scale_a [M, 1] and scale_b [1, N] (row-wise).
+Tensor scaled_mm_impl(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                      const std::optional<Tensor>& bias, const std::optional<Tensor>& scale_result,
+                      std::optional<at::ScalarType> out_dtype, const Tensor* into) {
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "_scaled_mm: expected 2-D tensors, got ", a.dim(), "-D and ", b.dim(), "-D");
+  TORCH_CHECK(a.size(1) == b.size(0), "_scaled_mm: mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x",
+              a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(at::isFloat8Type(a.scalar_type()) && at::isFloat8Type(b.scalar_type()),
+              "_scaled_mm: expected float8 inputs, got ", a.scalar_type(), " and ", b.scalar_type());
+  const int64_t m = a.size(0), n = b.size(1);
+  const bool tensor_wise = scale_a.numel() == 1 && scale_b.numel() == 1;
+  const bool row_wise = scale_a.dim() == 2 && scale_a.size(0) == m && scale_a.size(1) == 1 && scale_b.dim() == 2 &&
+                        scale_b.size(0) == 1 && scale_b.size(1) == n;
+  TORCH_CHECK(scale_a.scalar_type() == at::kFloat && scale_b.scalar_type() == at::kFloat && (tensor_wise || row_wise),
+              "_scaled_mm: invalid scaling configuration: float32 scales of one element each (tensor-wise), or "
+              "scale_a [", m, ", 1] and scale_b [1, ", n, "] (row-wise); got ", scale_a.scalar_type(),
+              scale_a.sizes(), " and ", scale_b.scalar_type(), scale_b.sizes());
+  const at::ScalarType result_dtype = out_dtype.value_or(a.scalar_type());
+  if (bias) {
+    TORCH_CHECK(bias->dim() == 1 && bias->size(0) == n, "_scaled_mm: bias must be 1-D with ", n, " elements, got ",
+                bias->sizes());
+  }
+  OpBuilder op("aten::_scaled_mm");
+  auto& bld = op.b();
+  using ir::DType;
+  auto scaled = [&](const Tensor& t, const Tensor& scale) {
+    Value x = bld.convert(op.input(t), DType::F32);
+    Value s = bld.reshape(op.input(scale), tensor_wise ? std::vector<int64_t>{} : vec(scale.sizes()));
+    return bld.binary("multiply", x, bld.broadcast_to(s, vec(t.sizes())));
+  };
+  Value r = bld.dot_general(scaled(a, scale_a), scaled(b, scale_b), {}, {}, {1}, {0}, DType::F32);
+  if (bias) r = bld.binary("add", r, bld.broadcast_to(bld.convert(op.input(*bias), DType::F32), {m, n}));
+  if (scale_result && at::isFloat8Type(result_dtype)) {
+    Value inverse = bld.binary("divide", bld.constant(DType::F32, 1.0, {}),
+                               bld.reshape(bld.convert(op.input(*scale_result), DType::F32), {}));
+    r = bld.binary("multiply", r, bld.broadcast_to(inverse, {m, n}));
+  }
+  return finish(op, bld.convert(r, to_ir(result_dtype)), result_dtype, into);
+}
+Tensor scaled_mm(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                 const std::optional<Tensor>& bias, const std::optional<Tensor>& scale_result,
+                 std::optional<at::ScalarType> out_dtype, bool /*use_fast_accum: float32 accumulation always*/) {
+  return scaled_mm_impl(a, b, scale_a, scale_b, bias, scale_result, out_dtype, nullptr);
+}
+Tensor& scaled_mm_out(const Tensor& a, const Tensor& b, const Tensor& scale_a, const Tensor& scale_b,
+                      const std::optional<Tensor>& bias, const std::optional<Tensor>& scale_result,
+                      std::optional<at::ScalarType> out_dtype, bool use_fast_accum, Tensor& out) {
+  return write_out("_scaled_mm", scaled_mm(a, b, scale_a, scale_b, bias, scale_result, out_dtype, use_fast_accum),
+                   out);
+}
+
 Tensor cdist_forward_k(const Tensor& x1, const Tensor& x2, double p, std::optional<int64_t> compute_mode) {
   TORCH_CHECK(p >= 0, "cdist only supports non-negative p values");
   TORCH_CHECK(x1.dim() >= 2 && x2.dim() >= 2 && x1.size(-1) == x2.size(-1),
@@ -326,6 +380,8 @@ Tensor pdist_backward_k(const Tensor& grad, const Tensor& self, double p, const 
 
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mm", mm_fn);
+  m.impl("_scaled_mm", scaled_mm);
+  m.impl("_scaled_mm.out", scaled_mm_out);
   m.impl("mm.out", mm_out);
   m.impl("bmm", bmm_fn);
   m.impl("bmm.out", bmm_out);

@@ -44,6 +44,10 @@ constexpr std::pair<at::ScalarType, DType> kAtenDTypes[] = {
     {at::kDouble, DType::F64},
     {at::kComplexFloat, DType::C64},
     {at::kComplexDouble, DType::C128},
+    {at::kFloat8_e4m3fn, DType::F8E4M3FN},
+    {at::kFloat8_e5m2, DType::F8E5M2},
+    {at::kFloat8_e4m3fnuz, DType::F8E4M3FNUZ},
+    {at::kFloat8_e5m2fnuz, DType::F8E5M2FNUZ},
 };
 }  // namespace
 
@@ -390,8 +394,8 @@ at::Tensor to_device(const at::Tensor& t, int device, const char* what) {
   }
   copied->track(&executor::memory_counter(device), bytes);
   executor::metrics().device_to_device_bytes += bytes;
-  assign(state_of(out), std::move(copied), std::vector<int64_t>(t.sizes().begin(), t.sizes().end()),
-         to_ir(t.scalar_type()));
+  std::vector<int64_t> dims = copied->dims();  // the storage's own shape (a [2, 3] buffer read as [6] stays [2, 3])
+  assign(state_of(out), std::move(copied), std::move(dims), to_ir(t.scalar_type()));
   return out;
 }
 

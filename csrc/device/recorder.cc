@@ -167,6 +167,10 @@ std::optional<Value> scalar_constant(ir::Builder& b, DType dtype, const void* by
     case DType::F64: return b.constant(dtype, load(double{}));
     case DType::BF16: return b.constant(dtype, static_cast<float>(load(c10::BFloat16{})));
     case DType::F16: return b.constant(dtype, static_cast<float>(load(c10::Half{})));
+    case DType::F8E4M3FN: return b.constant(dtype, static_cast<float>(load(c10::Float8_e4m3fn{})));
+    case DType::F8E5M2: return b.constant(dtype, static_cast<float>(load(c10::Float8_e5m2{})));
+    case DType::F8E4M3FNUZ: return b.constant(dtype, static_cast<float>(load(c10::Float8_e4m3fnuz{})));
+    case DType::F8E5M2FNUZ: return b.constant(dtype, static_cast<float>(load(c10::Float8_e5m2fnuz{})));
     case DType::S64: return b.constant_int(dtype, load(int64_t{}));
     case DType::S32: return b.constant_int(dtype, load(int32_t{}));
     case DType::S16: return b.constant_int(dtype, load(int16_t{}));

@@ -67,7 +67,7 @@ Value Builder::constant(DType dtype, double value, const std::vector<int64_t>& d
     if (dtype == DType::Pred) return constant_int(dtype, value != 0.0, dims);
     return constant_int(dtype, static_cast<int64_t>(value), dims);
   }
-  if (dtype == DType::F16 || dtype == DType::BF16) {
+  if (is_reduced_float(dtype)) {
     // Build in f32 and convert: XLA folds it and rounds as torch does (RNE).
     return convert(constant(DType::F32, value, dims), dtype);
   }
@@ -145,13 +145,46 @@ Value Builder::convert(Value v, DType dtype) {
     const bool wide = dtype == DType::S64 || dtype == DType::U64 || dtype == DType::U32;
     const DType via = wide ? DType::S64 : DType::S32;
     const double limit = wide ? 9223372036854775808.0 : 2147483648.0;  // exact in every float type used
-    Value x = this->dtype(v) == DType::F16 || this->dtype(v) == DType::BF16 ? convert(v, DType::F32) : v;
+    Value x = is_reduced_float(this->dtype(v)) ? convert(v, DType::F32) : v;
     Value in_range = binary("and", compare(x, constant(this->dtype(x), -limit, dims(x)), "GE"),
                             compare(x, constant(this->dtype(x), limit, dims(x)), "LT"));  // NaN is neither
     Value truncated = g_.add("stablehlo.convert", {x}, Type{via, dims(x)});
     const int64_t lowest = wide ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int32_t>::min();
     v = select(in_range, truncated, constant_int(via, lowest, dims(x)));
     if (dtype == via) return v;
+  }
+  if (is_float8(this->dtype(v)) && !is_floating(dtype)) return convert(convert(v, DType::F32), dtype);
+  if (is_float8(dtype)) {
+    // As torch converts to float8: through float32 (one rounding from f32, as its casts go),
+    // e4m3fn saturating to its largest finite value (infinities included: it has none; NaN
+    // stays NaN); the other formats overflow as XLA's convert does (e5m2 to infinity, the
+    // fnuz formats to their NaN), which is torch's behaviour too.
+    const Value x = convert(v, DType::F32);
+    const std::vector<int64_t> shape = dims(x);
+    Value in_range = x;
+    if (dtype == DType::F8E4M3FN) {
+      in_range = g_.add("stablehlo.clamp", {constant(DType::F32, -448.0, {}), x, constant(DType::F32, 448.0, {})},
+                        Type{DType::F32, shape});
+    }
+    Value converted = g_.add("stablehlo.convert", {in_range}, Type{dtype, shape});
+    // NaN as torch writes it (XLA may pick another NaN pattern): the format's NaN, with the
+    // input's sign where the format has signed NaNs.
+    const bool unsigned_nan = dtype == DType::F8E4M3FNUZ || dtype == DType::F8E5M2FNUZ;
+    // (the sign read from the input's own bits: converting a NaN to f32 may drop its sign)
+    const DType source = this->dtype(v);
+    const size_t width = dtype_size(source);
+    const DType same_width = width == 8 ? DType::S64 : width == 4 ? DType::S32 : width == 2 ? DType::S16 : DType::S8;
+    const bool signed_nan_source = is_floating(source) && source != DType::F8E4M3FNUZ && source != DType::F8E5M2FNUZ;
+    Value negative = signed_nan_source ? compare(g_.add("stablehlo.bitcast_convert", {v}, Type{same_width, shape}),
+                                                   constant_int(same_width, 0, shape), "LT")
+                                         : compare(x, constant(DType::F32, 0.0, shape), "LT");
+    Value nan_bits = unsigned_nan ? constant_int(DType::S8, -128, shape)
+                                  : select(negative, constant_int(DType::S8, -1, shape), constant_int(DType::S8, 0x7F, shape));
+    // (chosen on the bits: XLA's CPU compiler computes a select of float8 values in a wider
+    // type and back, which loses the NaN's sign)
+    Value converted_bits = g_.add("stablehlo.bitcast_convert", {converted}, Type{DType::S8, shape});
+    return g_.add("stablehlo.bitcast_convert", {select(compare(x, x, "NE"), nan_bits, converted_bits)},
+                  Type{dtype, shape});
   }
   return g_.add("stablehlo.convert", {v}, Type{dtype, dims(v)});
 }

@@ -37,6 +37,10 @@ constexpr DTypeRow kDTypes[] = {
     {DType::F64, "f64", 8, PJRT_Buffer_Type_F64},
     {DType::C64, "complex<f32>", 8, PJRT_Buffer_Type_C64},
     {DType::C128, "complex<f64>", 16, PJRT_Buffer_Type_C128},
+    {DType::F8E4M3FN, "f8E4M3FN", 1, PJRT_Buffer_Type_F8E4M3FN},
+    {DType::F8E5M2, "f8E5M2", 1, PJRT_Buffer_Type_F8E5M2},
+    {DType::F8E4M3FNUZ, "f8E4M3FNUZ", 1, PJRT_Buffer_Type_F8E4M3FNUZ},
+    {DType::F8E5M2FNUZ, "f8E5M2FNUZ", 1, PJRT_Buffer_Type_F8E5M2FNUZ},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kDTypes); ++i) {
@@ -59,8 +63,12 @@ DType from_pjrt_type(PJRT_Buffer_Type t) {
 }
 
 bool is_floating(DType d) {
-  return d == DType::F16 || d == DType::BF16 || d == DType::F32 || d == DType::F64;
+  return d == DType::F16 || d == DType::BF16 || d == DType::F32 || d == DType::F64 || is_float8(d);
 }
+bool is_float8(DType d) {
+  return d == DType::F8E4M3FN || d == DType::F8E5M2 || d == DType::F8E4M3FNUZ || d == DType::F8E5M2FNUZ;
+}
+bool is_reduced_float(DType d) { return d == DType::F16 || d == DType::BF16 || is_float8(d); }
 bool is_complex(DType d) { return d == DType::C64 || d == DType::C128; }
 DType component_type(DType d) {
   if (d == DType::C64) return DType::F32;

@@ -11,13 +11,19 @@
 
 namespace torch_pjrt::ir {
 
-enum class DType { Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, C64, C128 };
+enum class DType {
+  Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, C64, C128,
+  F8E4M3FN, F8E5M2, F8E4M3FNUZ, F8E5M2FNUZ,  // float8: stored and converted; arithmetic in f32
+};
 
 const char* dtype_name(DType dtype);  // MLIR spelling: f32, i64, ui8, i1 ...
 size_t dtype_size(DType dtype);       // bytes per element as stored by torch
 PJRT_Buffer_Type pjrt_type(DType dtype);
 DType from_pjrt_type(PJRT_Buffer_Type type);  // std::invalid_argument for a type with no DType
-bool is_floating(DType dtype);  // real floating types only
+bool is_floating(DType dtype);  // real floating types only (float8 included)
+bool is_float8(DType dtype);
+// Floating types computed in f32 and rounded once, as torch's kernels do (f16, bf16, float8).
+bool is_reduced_float(DType dtype);
 bool is_complex(DType dtype);
 // The real type of a complex type's components (f32 for c64); other types map to themselves.
 DType component_type(DType dtype);

@@ -769,7 +769,7 @@ struct Cell {
   Value bias_grad(Value grad) { return b.reduce_simple(grad, b.constant(compute, 0), {0}, "add"); }
 };
 
-DType cell_dtype(DType d) { return d == DType::F16 || d == DType::BF16 ? DType::F32 : d; }
+DType cell_dtype(DType d) { return is_reduced_float(d) ? DType::F32 : d; }
 }  // namespace
 
 std::vector<Value> lstm_cell(Builder& b, Value input_gates, Value hidden_gates, Value cx, const Value* input_bias,

@@ -12,7 +12,7 @@ namespace torch_pjrt::lowering {
 
 namespace {
 
-bool low_precision(DType d) { return d == DType::F16 || d == DType::BF16; }
+bool low_precision(DType d) { return is_reduced_float(d); }
 DType acc_type(DType d) { return low_precision(d) ? DType::F32 : d; }
 
 std::vector<int64_t> normalize_dims(std::vector<int64_t> dims, int64_t rank) {

@@ -133,7 +133,9 @@ DType same_width_int(DType d) {
   switch (d) {
     case DType::F64: return DType::S64;
     case DType::F32: return DType::S32;
-    default: return DType::S16;  // F16, BF16
+    case DType::F16:
+    case DType::BF16: return DType::S16;
+    default: return DType::S8;  // float8
   }
 }
 Value float_bits(Builder& b, Value x) {
@@ -594,7 +596,7 @@ Value unary(Builder& b, const UnaryOp& op, Value x, DType compute, DType out) {
   }
   // Half precision is computed in float32 and rounded once, as torch's kernels do: an
   // expansion (acosh, sinh, sinc ...) run in float16 rounds at every step, a unit off.
-  if (compute == DType::F16 || compute == DType::BF16) compute = DType::F32;
+  if (is_reduced_float(compute)) compute = DType::F32;
   return b.convert(op.real(b, b.convert(x, compute)), out);
 }
 
@@ -826,7 +828,9 @@ Value lowest(Builder& b, DType d, const std::vector<int64_t>& dims) {
     case DType::S32: return b.constant_int(d, INT32_MIN, dims);
     case DType::S64: return b.constant_int(d, INT64_MIN, dims);
     case DType::U8: case DType::U16: case DType::U32: case DType::U64: return b.constant_int(d, 0, dims);
-    default: return b.constant(d, -INFINITY, dims);
+    case DType::F8E4M3FNUZ: return b.constant(d, -240.0, dims);  // no infinities: the largest finite
+    case DType::F8E5M2FNUZ: return b.constant(d, -57344.0, dims);
+    default: return b.constant(d, -INFINITY, dims);  // (e4m3fn's convert saturates it to -448)
   }
 }
 
@@ -841,6 +845,8 @@ Value highest(Builder& b, DType d, const std::vector<int64_t>& dims) {
     case DType::U16: return b.constant_int(d, UINT16_MAX, dims);
     case DType::U32: return b.constant_int(d, UINT32_MAX, dims);
     case DType::U64: return b.constant_int(d, -1, dims);
+    case DType::F8E4M3FNUZ: return b.constant(d, 240.0, dims);
+    case DType::F8E5M2FNUZ: return b.constant(d, 57344.0, dims);
     default: return b.constant(d, INFINITY, dims);
   }
 }
@@ -862,6 +868,9 @@ const BinaryOp& binary_op(std::string_view name) {
 }
 
 Value binary(Builder& b, const BinaryOp& op, Value x, Value y, DType compute, DType out) {
+  // float8 in float32, rounded once by torch's conversion rules (XLA's own float8 arithmetic
+  // overflows e4m3fn to NaN where torch saturates).
+  if (ir::is_float8(compute)) compute = DType::F32;
   auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
   Value xc = b.broadcast_to(b.convert(x, compute), shape);
   Value yc = b.broadcast_to(b.convert(y, compute), shape);

@@ -258,3 +258,24 @@ TEST(LoweringLinalg, LuDeterminantWithPivoting) {
   EXPECT_NEAR(r[0][0], -2.0, 1e-12);
   EXPECT_EQ(r[1], (std::vector<double>{0, 0, 1, 3}));
 }
+
+TEST(LoweringConvert, Float8FollowsTorchsConversionRules) {
+  // torch's float -> float8: one rounding from float32 (to nearest even); e4m3fn saturates
+  // to +-448 (infinities included), e5m2 overflows to infinity, the fnuz formats to their
+  // single NaN (0x80); NaN keeps its sign where the format has signed NaNs (the bytes: torch's).
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> x{1.0f, 500.0f, -1e6f, inf, nan, -nan, 1.0625f, 2.0f * std::pow(2.0f, -10)};
+  const std::vector<std::pair<DType, std::vector<uint8_t>>> expected = {
+      {DType::F8E4M3FN, {0x38, 0x7E, 0xFE, 0x7E, 0x7F, 0xFF, 0x38, 0x01}},
+      {DType::F8E5M2, {0x3C, 0x60, 0xFC, 0x7C, 0x7F, 0xFF, 0x3C, 0x18}},
+      {DType::F8E4M3FNUZ, {0x40, 0x80, 0x80, 0x80, 0x80, 0x80, 0x40, 0x02}},
+  };
+  for (const auto& [dtype, bits] : expected) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto v = g.param({DType::F32, {8}});
+    g.param({DType::F32, {1}});
+    g.set_outputs({b.convert(v, dtype)});
+    EXPECT_EQ(run_f32<uint8_t>(g, x, {8}, {0}, {1}, 8), bits) << ir::dtype_name(dtype);
+  }
+}

@@ -1,0 +1,186 @@
+"""float8 tensors on the device: conversions with torch's own rules (bit for bit against the
+CPU, special values included), host copies, the ops torch's CPU has for them, and
+torch._scaled_mm (torchao's float8 training and inference) against the CPU and float64."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+
+# In range, ties, overflow (saturating for e4m3fn, infinity or NaN for the others), NaN,
+# infinities, signed zero, subnormals and values below the smallest one.
+SPECIAL = [0.0, -0.0, 1.0, -1.5, 0.3, 1.0625, 1.125, 3.5, 240.0, 241.0, 448.0, 449.0, 464.0, 500.0, -1000.0,
+           57344.0, 61440.0, 1e6, -1e6, float("nan"), float("inf"), -float("inf"), 1e-9, 3e-5, 2.0 ** -9,
+           2.0 ** -10, 2.0 ** -17, 1.5 * 2.0 ** -16, 0.0009765625, 65504.0]
+
+
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.cpu().view(torch.uint8).tolist()
+
+
+def _values(dtype: torch.dtype) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    spread = torch.randn(200, generator=g, dtype=torch.float64) * torch.logspace(-12, 12, 200, base=2.0,
+                                                                                 dtype=torch.float64)
+    return torch.cat([torch.tensor(SPECIAL, dtype=torch.float64), spread]).to(dtype)
+
+
+@pytest.mark.parametrize("f8", FLOAT8, ids=str)
+@pytest.mark.parametrize("source", [torch.float32, torch.float64, torch.bfloat16, torch.float16], ids=str)
+def test_conversion_to_float8_matches_cpu_bit_for_bit(dev: torch.device, f8: torch.dtype, source: torch.dtype) -> None:
+    x = _values(source)
+    assert _bits(x.to(dev).to(f8)) == _bits(x.to(f8))
+
+
+@pytest.mark.parametrize("f8", FLOAT8, ids=str)
+def test_conversions_from_float8_and_between_formats_match_cpu(dev: torch.device, f8: torch.dtype) -> None:
+    x = _values(torch.float32).to(f8)  # every float8 value the CPU gives, NaN included
+    d = x.to(dev)
+    assert _bits(d) == _bits(x)  # the host copy keeps the bytes
+    for target in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        torch.testing.assert_close(d.to(target).cpu(), x.to(target), rtol=0, atol=0, equal_nan=True)
+    finite = x[x.float().isfinite()]
+    for target in (torch.int64, torch.int32, torch.uint8, torch.bool):
+        torch.testing.assert_close(finite.to(dev).to(target).cpu(), finite.to(target), rtol=0, atol=0)
+    for other in FLOAT8:
+        assert _bits(d.to(other)) == _bits(x.to(other)), other
+    ints = torch.tensor([0, 1, -3, 17, 300, -5000, 100000], dtype=torch.int64)
+    assert _bits(ints.to(dev).to(f8)) == _bits(ints.to(f8))
+
+
+@pytest.mark.parametrize("f8", [torch.float8_e4m3fn, torch.float8_e5m2], ids=str)
+def test_the_ops_torch_has_for_float8_match_cpu(dev: torch.device, f8: torch.dtype) -> None:
+    x = _values(torch.float32)[:64].reshape(8, 8).to(f8)
+    y = torch.randn(8, 8, generator=torch.Generator().manual_seed(1)).to(f8)
+    d, e = x.to(dev), y.to(dev)
+    index = torch.tensor([5, 0, 7, 7])
+    pairs = {
+        "abs": (d.abs(), x.abs()),
+        "mul": (d * e, x * y),
+        "eq": (d.eq(e), x.eq(y)),
+        "where": (torch.where(d.float() > 0, d, e), torch.where(x.float() > 0, x, y)),
+        "index_select": (d.index_select(1, index.to(dev)), x.index_select(1, index)),
+        "cat": (torch.cat([d, e.t()]), torch.cat([x, y.t()])),
+        "transpose contiguous": (d.t().contiguous(), x.t().contiguous()),
+        "view and slice": (d.view(4, 16)[1:3, ::3], x.view(4, 16)[1:3, ::3]),
+        "clone": (d.clone(), x.clone()),
+        "fill_": (d.clone().fill_(-2.75), x.clone().fill_(-2.75)),
+        "zero_": (d.clone().zero_(), x.clone().zero_()),
+        "full": (torch.full((3,), 300.0, dtype=f8, device=dev), torch.full((3,), 300.0, dtype=f8)),
+        "zeros": (torch.zeros(3, dtype=f8, device=dev), torch.zeros(3, dtype=f8)),
+    }
+    for name, (got, want) in pairs.items():
+        assert got.dtype == want.dtype and got.shape == want.shape, name
+        if want.dtype == torch.bool:
+            assert torch.equal(got.cpu(), want), name
+        elif name == "abs":  # (torch's CPU float8 abs keeps -0.0's sign; IEEE's, and the device's, drop it)
+            torch.testing.assert_close(got.cpu().float(), want.float(), rtol=0, atol=0, equal_nan=True, msg=name)
+        else:
+            assert _bits(got) == _bits(want), name
+
+
+def _scaled_mm_reference(a: torch.Tensor, b: torch.Tensor, sa: torch.Tensor, sb: torch.Tensor,
+                         bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a * sa) @ (b * sb) + bias in float64, and the float32 computation's worst-case rounding bound."""
+    a64, b64 = a.double() * sa.double(), b.double() * sb.double()
+    exact = a64 @ b64 + (bias.double() if bias is not None else 0)
+    k = a.shape[1]
+    bound = (k + 2) * torch.finfo(torch.float32).eps * (a64.abs() @ b64.abs() + (bias.double().abs() if bias is not None else 0))
+    return exact, bound
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("scaling", ["tensor-wise", "row-wise"])
+def test_scaled_mm_matches_float64_and_cpu(dev: torch.device, out_dtype: torch.dtype, scaling: str) -> None:
+    g = torch.Generator().manual_seed(2)
+    m, k, n = 24, 64, 40
+    a = torch.randn(m, k, generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, generator=g).to(torch.float8_e5m2).t()  # column-major, as torchao passes it
+    if scaling == "tensor-wise":
+        sa, sb = torch.tensor(0.37), torch.tensor(1.9)
+    else:
+        sa, sb = torch.rand(m, 1, generator=g) + 0.5, torch.rand(1, n, generator=g) + 0.5
+    bias = torch.randn(n, generator=g).to(out_dtype)
+    got = torch._scaled_mm(a.to(dev), b.to(dev), sa.to(dev), sb.to(dev), bias=bias.to(dev), out_dtype=out_dtype)
+    want = torch._scaled_mm(a, b, sa, sb, bias=bias, out_dtype=out_dtype)
+    assert got.dtype == out_dtype and got.shape == (m, n)
+    exact, bound = _scaled_mm_reference(a, b, sa, sb, bias)
+    if out_dtype != torch.float32:  # and the final rounding to out_dtype
+        bound = bound + torch.finfo(out_dtype).eps * exact.abs()
+    assert ((got.cpu().double() - exact).abs() <= bound).all()
+    assert ((want.double() - exact).abs() <= bound).all()  # the bound holds for the CPU too
+
+
+def test_scaled_mm_with_a_float8_result_scales_and_saturates_as_cpu(dev: torch.device) -> None:
+    a = torch.full((4, 8), 16.0).to(torch.float8_e4m3fn)
+    b = torch.full((8, 4), 8.0).to(torch.float8_e4m3fn)
+    one, result_scale = torch.tensor(1.0), torch.tensor(0.25)
+    for scale_result in (None, result_scale):  # 1024 (saturates to 448), then 1024 / 0.25
+        got = torch._scaled_mm(a.to(dev), b.to(dev), one.to(dev), one.to(dev),
+                               scale_result=None if scale_result is None else scale_result.to(dev))
+        want = torch._scaled_mm(a, b, one, one, scale_result=scale_result)
+        assert got.dtype == torch.float8_e4m3fn
+        assert _bits(got) == _bits(want)
+    half = torch.tensor(0.5)
+    got = torch._scaled_mm(a.to(dev), b.to(dev), half.to(dev), half.to(dev), scale_result=torch.tensor(2.0).to(dev),
+                           out_dtype=torch.float8_e5m2)
+    assert _bits(got) == _bits(torch._scaled_mm(a, b, half, half, scale_result=torch.tensor(2.0),
+                                                out_dtype=torch.float8_e5m2))
+
+
+def test_scaled_mm_bad_input_raises_as_the_cpu_does(dev: torch.device) -> None:
+    a = torch.ones(4, 8, dtype=torch.float8_e4m3fn, device=dev)
+    b = torch.ones(8, 4, dtype=torch.float8_e4m3fn, device=dev)
+    one = torch.tensor(1.0, device=dev)
+    with pytest.raises(RuntimeError, match="_scaled_mm: expected float8 inputs"):
+        torch._scaled_mm(a.float(), b, one, one)
+    with pytest.raises(RuntimeError, match="invalid scaling configuration"):
+        torch._scaled_mm(a, b, one.double(), one)
+    with pytest.raises(RuntimeError, match="invalid scaling configuration"):
+        torch._scaled_mm(a, b, torch.ones(3, 1, device=dev), torch.ones(1, 4, device=dev))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch._scaled_mm(a, a, one, one)
+
+
+def test_a_float8_format_the_device_does_not_hold_is_a_clear_error(dev: torch.device) -> None:
+    with pytest.raises(TypeError, match="Float8_e8m0fnu is not supported"):
+        torch.ones(2, dtype=torch.float8_e8m0fnu).to(dev)
+
+
+def test_torchao_float8_training_matches_cpu_step_by_step(dev: torch.device) -> None:
+    # torchao's Float8Linear (dynamic tensor-wise scaling: amax, scale, cast to e4m3fn and
+    # e5m2, torch._scaled_mm forward and backward) on the device against the same code on
+    # the CPU: every step's loss, gradients and parameters. The casts are torch's rules bit
+    # for bit; float32 sums in another order can move a value across a float8 rounding
+    # boundary, which changes it by at most one float8 step (2^-2 relative for e5m2):
+    # a wrong scale, layout or cast is off by far more.
+    from torchao.float8 import convert_to_float8_training
+
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(32, 64, generator=g), torch.randn(32, 32, generator=g)) for _ in range(4)]
+    runs = {}
+    for device in ("cpu", dev):
+        model = convert_to_float8_training(copy.deepcopy(base).to(device))
+        assert type(model[0]).__name__ == "Float8Linear"
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        steps = []
+        for x, y in batches:
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x.to(device)), y.to(device))
+            loss.backward()
+            opt.step()
+            steps.append((loss.item(), [p.grad.cpu().clone() for p in model.parameters()],
+                          [p.detach().cpu().clone() for p in model.parameters()]))
+        runs[str(device)] = steps
+    for step, (cpu, got) in enumerate(zip(runs["cpu"], runs[str(dev)])):
+        assert got[0] == pytest.approx(cpu[0], rel=1e-5), f"step {step} loss"
+        for kind, ours, theirs in (("gradient", got[1], cpu[1]), ("parameter", got[2], cpu[2])):
+            for i, (a, b) in enumerate(zip(ours, theirs)):
+                err = ((a - b).abs().max() / b.abs().max()).item()
+                assert err <= 2.0 ** -4, f"step {step} {kind} {i}: {err:.3g} of its largest value"
