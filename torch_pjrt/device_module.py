@@ -112,8 +112,18 @@ def manual_seed(seed: int, device: int | None = None) -> None:
     _C._manual_seed(idx, int(seed) & 0xFFFF_FFFF_FFFF_FFFF)
 
 
+def _every_device(seed: int) -> list[int]:
+    return list(range(max(1, device_count())))
+
+
+# The devices manual_seed_all (and so torch.manual_seed) seeds: every device of the process,
+# unless ranks run as threads (torch_pjrt.distributed.threads installs its own rule: a rank
+# thread seeds its own device only, as a torchrun rank seeds its process's devices only).
+seed_all_scope: Any = _every_device
+
+
 def manual_seed_all(seed: int) -> None:
-    for i in range(max(1, device_count())):
+    for i in seed_all_scope(seed):
         manual_seed(seed, i)
 
 

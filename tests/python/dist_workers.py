@@ -690,6 +690,33 @@ def fsdp_tp(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def rank_seeds(rank: int, world: int) -> dict[str, Any]:
+    """torch.manual_seed(100 + rank) in each rank thread seeds that rank's device only (under
+    torchrun each rank's process has its own): after every rank seeded, each draws what a
+    generator seeded with its own seed gives; a second seeding says the CPU generator is shared."""
+    import warnings
+    dist.init_process_group("pjrt", timeout=timeout())
+    torch.manual_seed(100 + rank)
+    dist.barrier()  # every rank has seeded: a seed that reached other ranks' devices would show below
+    got = torch.rand(4, device=dev())
+    want = torch.rand(4, device=dev(), generator=torch.Generator(device=dev()).manual_seed(100 + rank))
+    exact(got, want.cpu(), "a rank's draw after every rank seeded")
+    everyone = [torch.empty(4, device=dev()) for _ in range(world)]
+    dist.all_gather(everyone, got)
+    assert len({tuple(t.cpu().tolist()) for t in everyone}) == world, "ranks drew the same values"
+    message = ""
+    if rank == 0:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            torch.manual_seed(100)
+        message = " ".join(str(w.message) for w in seen)
+        assert "the CPU generator is one per process" in message, message
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"warning": message}
+
+
+@scenario
 def collectives_any_world(rank: int, world: int) -> dict[str, Any]:
     """The collectives over any number of ranks against CPU gloo's: integers bit for bit;
     float sums within float rounding (over more than two ranks the order of a sum is the

@@ -74,6 +74,11 @@ def test_a_checkpoint_saved_by_four_rank_threads_loads_into_one(tmp_path: Path,
     assert len(list((tmp_path / "ckpt").glob("*.distcp"))) == 4
 
 
+def test_each_rank_thread_seeds_its_own_device_and_hears_the_cpu_generator_is_shared(tmp_path: Path) -> None:
+    reports = _threads("rank_seeds", 4, tmp_path)["reports"]
+    assert "seed torch differently" in reports[0]["warning"], reports[0]
+
+
 def test_a_2d_mesh_splits_into_xla_subgroups(tmp_path: Path) -> None:
     reports = _threads("split_mesh", 4, tmp_path)["reports"]
     assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]

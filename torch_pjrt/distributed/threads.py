@@ -22,12 +22,15 @@ import socket
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d
+
+from .. import device_module
 
 DEVICE_NAME = torch._C._get_privateuse1_backend_name()
 
@@ -127,6 +130,31 @@ def _install() -> None:
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         os.environ = _RankEnviron(os.environ)  # type: ignore[assignment]
         _isolate_dtensor_shape_propagation()
+        device_module.seed_all_scope = _rank_seed_scope
+
+
+_seeds_by_rank: dict[int, int] = {}
+_seeds_lock = threading.Lock()
+
+
+def _rank_seed_scope(seed: int) -> list[int]:
+    """torch.manual_seed(seed) from a rank thread seeds that rank's device only (the others
+    belong to other ranks, as other processes' devices under torchrun). The CPU generator is
+    one per process: when ranks seed it differently, say so once (their CPU draws interleave)."""
+    rank = _rank.rank
+    if rank is None:
+        return list(range(max(1, torch.accelerator.device_count())))
+    with _seeds_lock:
+        _seeds_by_rank[rank] = seed
+        differ = len(set(_seeds_by_rank.values())) > 1
+    if differ:
+        warnings.warn(
+            f"torch.manual_seed: the rank threads seed torch differently ({dict(sorted(_seeds_by_rank.items()))}); "
+            f"each rank's {DEVICE_NAME} generator is its own, but the CPU generator is one per process, shared by the "
+            "rank threads: CPU random draws (torch.randn without device=, CPU-side init, a shuffling sampler's "
+            "default) follow whichever rank seeded last and interleave. Draw per-rank randomness on the device, or "
+            "pass each rank its own torch.Generator", stacklevel=4)
+    return [getattr(torch, DEVICE_NAME).current_device()]
 
 
 class _OneFakePropagationAtATime:
