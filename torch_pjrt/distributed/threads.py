@@ -8,10 +8,11 @@ state (default group, subgroups, names). The process group between the threads
 runs every collective as an XLA program over their devices (the XLA transport):
 no byte goes through the host.
 
-What is shared and cannot be per thread: the CPU random generator (draws from
-two ranks interleave; seed and build what must match on every rank on the device,
-whose generators are per device, or before ``spawn``), ``sys.argv``, and the
-interpreter's other globals. A rank that raises ends its process group, so the
+``torch.manual_seed`` in a rank thread seeds its own device only. What is shared and
+cannot be per thread: the CPU random generator (draws from two ranks interleave; draw
+per-rank randomness on the device, whose generators are per device, or seed and build
+on the CPU before ``spawn``; ranks that seed it differently are warned), ``sys.argv``,
+and the interpreter's other globals. A rank that raises ends its process group, so the
 ranks waiting for it in a collective raise too instead of hanging.
 """
 
