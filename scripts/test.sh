@@ -57,8 +57,8 @@ training.cnn-batchnorm.adamw-fused.,training.lstm.sgd.,training.hf-gpt2.adamw.,t
   # without --reuse-build does that, in a new venv), installed into a new venv that holds torch.
   bash scripts/test_packaging.sh --reuse-build || return
   if [ ${#UPSTREAM[@]} -gt 0 ]; then
-    # A fixed, evenly spread sample of each file plus every test the spec names: a new
-    # failure or an expected failure that starts passing turns this red. The full run is
+    # A fixed, evenly spread sample of each file plus every failure the spec expects on pjrt
+    # alone: a new failure or an expected failure that starts passing turns this red. The full run is
     # scripts/upstream.sh.
     echo "== PyTorch's own test files (slice; from ${UPSTREAM[*]}) ($((SECONDS - start))s into this job)"
     .venv/bin/python -m torch_pjrt.tools.upstream "${UPSTREAM[@]}" --sample "${TORCH_PJRT_UPSTREAM_SAMPLE:-8}" \

@@ -107,12 +107,13 @@ def test_a_non_strict_entry_counts_a_pass_as_a_pass(tmp_path: Path) -> None:
     assert "test_tiny.py: 2 passed, 0 failed, 0 errors, 1 skipped, 1 expected failures" in out, out
 
 
-def test_a_sample_runs_every_expected_failure_and_says_it_is_a_sample(tmp_path: Path) -> None:
-    # Collection order: add, fails_everywhere, known_gap, skipped. A sample of 2 takes
-    # every second test (add, known_gap) and every expected failure (fails_everywhere).
-    code, out = _run(tmp_path, "3.0", SPEC, "--sample", "2")
+def test_a_sample_runs_every_pjrt_expected_failure_and_says_it_is_a_sample(tmp_path: Path) -> None:
+    # Collection order: add, fails_everywhere, known_gap, skipped. A sample of 1 takes the
+    # first test (add) and every failure the spec expects on pjrt alone (known_gap), not
+    # one that fails on the CPU too (fails_everywhere: the full run has it).
+    code, out = _run(tmp_path, "3.0", SPEC, "--sample", "1")
     report = (tmp_path / "report.md").read_text()
-    assert code == 0 and "| test_tiny.py | sample of 3 / 4 | 1 | 0 | 0 | 0 | 2 (1) |" in report, out + report
+    assert code == 0 and "| test_tiny.py | sample of 2 / 4 | 1 | 0 | 0 | 0 | 1 (0) |" in report, out + report
     code, out = _run(tmp_path, "3.0", SPEC, "--sample", "test_other.py=2")  # other files sampled: this one whole
     report = (tmp_path / "report.md").read_text()
     assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report
