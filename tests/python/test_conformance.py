@@ -30,7 +30,9 @@ SLICE = [
     "nn.functional.relu", "nn.functional.gelu", "nn.functional.layer_norm", "nn.functional.linear",
     "nn.functional.embedding", "nn.functional.cross_entropy", "nn.functional.dropout",
 ]
-DTYPES = ["float32", "bfloat16"]
+# The bar is float32's (the report's headline); the other dtypes are the full report's
+# (scripts/conformance.sh), which also records their aborts.
+DTYPES = ["float32"]
 MIN_FORWARD_PASS = 0.95
 MIN_BACKWARD_PASS = 0.90
 REPORT = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "conformance.json")
