@@ -4,14 +4,19 @@ For each backend, in its own process (vLLM holds process-wide state):
 - start-up: seconds to build ``LLM(...)`` (loading, KV cache, and for pjrt the
   compilation of every bucket; for vLLM CPU its torch.compile): cold (pjrt: empty
   program cache) and warm (pjrt: the disk cache filled by the cold start);
-- steady state: REQUESTS requests arriving together (prompt lengths 8..128 tokens,
-  MAX_TOKENS output tokens each, greedy, EOS ignored) through continuous batching,
-  after one warm-up pass; output tokens per second over the whole pass, and the
-  median and 90th-percentile time to first token as vLLM measures it per request.
-  Median over REPEATS passes. The pass ends when every request has finished: the
-  tokens reached the host.
+- steady state: a workload's requests arriving together (random prompt lengths in
+  its range, its output tokens each, greedy, EOS ignored) through continuous
+  batching, after one warm-up pass; output tokens per second over the whole pass,
+  and the median and 90th-percentile time to first token as vLLM measures it per
+  request. Median over the workload's passes. A pass ends when every request has
+  finished: the tokens reached the host.
 
-    .venv/bin/python benchmarks/bench_serving.py [--model llama|gpt2] [--json FILE]
+Workloads: the tiny models (llama, gpt2: 2 layers, hidden 128) with 32 requests of
+8..128 prompt tokens and 64 output tokens, max_model_len 256; llama-large (8 layers,
+hidden 512) with 16 requests of 256..1,500 prompt tokens and 32 output tokens,
+max_model_len 2048, where attention over long contexts matters.
+
+    .venv/bin/python benchmarks/bench_serving.py [--model llama|gpt2|llama-large] [--json FILE]
 """
 
 from __future__ import annotations
@@ -27,11 +32,19 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
-REQUESTS, MAX_TOKENS, REPEATS = 32, 64, 3
-ENGINE = {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 16, "max_num_batched_tokens": 128, "seed": 0}
+TINY = {"requests": 32, "prompts": (8, 128), "max_tokens": 64, "repeats": 3,
+        "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 16, "max_num_batched_tokens": 128,
+                   "seed": 0}}
+WORKLOADS = {
+    "llama": TINY,
+    "gpt2": TINY,
+    "llama-large": {"requests": 16, "prompts": (256, 1500), "max_tokens": 32, "repeats": 2,
+                    "engine": {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
+                               "max_num_batched_tokens": 512, "seed": 0}},
+}
 
 
-def worker(model_dir: str) -> None:
+def worker(model_dir: str, workload: dict) -> None:
     """Runs in a child process: prints one JSON line of figures."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     import torch
@@ -41,12 +54,13 @@ def worker(model_dir: str) -> None:
     from torch_pjrt.bench import time_call
 
     # Each call ends when its work has reached the host: nothing left to wait for (None).
-    llm, start_up = time_call(lambda: LLM(model=model_dir, disable_log_stats=False, **ENGINE), None)
+    llm, start_up = time_call(lambda: LLM(model=model_dir, disable_log_stats=False, **workload["engine"]), None)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     g = torch.Generator().manual_seed(0)
-    lengths = torch.randint(8, 129, (REQUESTS,), generator=g).tolist()
+    shortest, longest = workload["prompts"]
+    lengths = torch.randint(shortest, longest + 1, (workload["requests"],), generator=g).tolist()
     prompts = [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
-    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True)
+    params = SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
     llm.generate(prompts, params, use_tqdm=False)  # warm-up pass
 
     compiles = None
@@ -54,7 +68,7 @@ def worker(model_dir: str) -> None:
         import torch_pjrt
         compiles = torch_pjrt.metrics()["compiles"]
     rates, ttft_median, ttft_p90 = [], [], []
-    for _ in range(REPEATS):
+    for _ in range(workload["repeats"]):
         outs, elapsed = time_call(lambda: llm.generate(prompts, params, use_tqdm=False), None)
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
         firsts = sorted(o.metrics.first_token_latency for o in outs if o.metrics is not None)
@@ -71,10 +85,10 @@ def worker(model_dir: str) -> None:
     print(json.dumps(result))
 
 
-def run(model_dir: str, target: str, cache_dir: str) -> dict:
+def run(model_dir: str, kind: str, target: str, cache_dir: str) -> dict:
     env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache_dir, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", model_dir], env=env,
-                          capture_output=True, text=True, timeout=1800)
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--model", kind, "--worker", model_dir], env=env,
+                          capture_output=True, text=True, timeout=3600)
     if proc.returncode != 0:
         raise RuntimeError(f"vLLM on {target} failed:\n{proc.stderr[-4000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -82,24 +96,28 @@ def run(model_dir: str, target: str, cache_dir: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="llama", choices=["llama", "gpt2"])
+    parser.add_argument("--model", default="llama", choices=list(WORKLOADS))
     parser.add_argument("--json", help="write the figures here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    workload = WORKLOADS[args.model]
     if args.worker:
-        worker(args.worker)
+        worker(args.worker, workload)
         return
     import serving_models
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = serving_models.make_model(args.model, os.path.join(tmp, args.model))
         cache = os.path.join(tmp, "cache")
-        figures = {"vllm_cpu": run(model_dir, "cpu", cache),
-                   "pjrt_cold": run(model_dir, "pjrt", cache),
-                   "pjrt_warm": run(model_dir, "pjrt", cache)}
+        figures = {"vllm_cpu": run(model_dir, args.model, "cpu", cache),
+                   "pjrt_cold": run(model_dir, args.model, "pjrt", cache),
+                   "pjrt_warm": run(model_dir, args.model, "pjrt", cache)}
     cpu, cold, warm = figures["vllm_cpu"], figures["pjrt_cold"], figures["pjrt_warm"]
-    print(f"vLLM {args.model} (serving_models.py), {REQUESTS} requests x {MAX_TOKENS} output tokens, "
-          f"prompts 8..128 tokens, max_num_seqs {ENGINE['max_num_seqs']}, float32")
+    engine = workload["engine"]
+    print(f"vLLM {args.model} (serving_models.py), {workload['requests']} requests x {workload['max_tokens']} output "
+          f"tokens, prompts {workload['prompts'][0]}..{workload['prompts'][1]} tokens, max_model_len "
+          f"{engine['max_model_len']}, max_num_seqs {engine['max_num_seqs']}, max_num_batched_tokens "
+          f"{engine['max_num_batched_tokens']}, float32")
     print(f"{'':28s}{'vLLM CPU':>12s}{'vLLM pjrt':>12s}{'pjrt/CPU':>10s}")
     rows = [("output tokens/s", "output_tokens_per_s", "{:.0f}"), ("time to first token, median", "ttft_median_s",
             "{:.3f} s"), ("time to first token, p90", "ttft_p90_s", "{:.3f} s")]
@@ -111,8 +129,7 @@ def main() -> None:
     print(f"pjrt while serving: {warm['compiles_while_serving']} compiles, {warm['cpu_fallbacks']} CPU fallbacks")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"model": args.model, "requests": REQUESTS, "max_tokens": MAX_TOKENS, "engine": ENGINE,
-                       **figures}, f, indent=1)
+            json.dump({"model": args.model, **workload, **figures}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,11 @@ import transformers  # noqa: E402
 
 VOCAB = 512
 MAX_LEN = 256
-KINDS = ("llama", "gpt2")
+KINDS = ("llama", "gpt2")  # what the tests serve
+# For the benchmark: a Llama where attention over long contexts matters (hidden 512, 8 layers,
+# 2,048 positions), with the usual small initialization (its output is timed, not compared).
+LARGE = "llama-large"
+LARGE_MAX_LEN = 2048
 # Larger than the usual 0.02: random weights then give logits whose top two differ clearly,
 # so greedy decoding is decided by the model, not by float32 rounding (the tests check it).
 INIT_RANGE = 0.25
@@ -62,7 +66,13 @@ def _config(kind: str, vocab: int, eos: int) -> transformers.PretrainedConfig:
         return transformers.GPT2Config(
             vocab_size=vocab, n_embd=128, n_layer=2, n_head=4, n_positions=MAX_LEN,
             initializer_range=INIT_RANGE, bos_token_id=eos, eos_token_id=eos, torch_dtype="float32")
-    raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS}")
+    if kind == LARGE:
+        return transformers.LlamaConfig(
+            vocab_size=vocab, hidden_size=512, intermediate_size=1536, num_hidden_layers=8,
+            num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=LARGE_MAX_LEN,
+            initializer_range=0.02, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False,
+            torch_dtype="float32")
+    raise ValueError(f"unknown model kind {kind!r}; expected one of {KINDS + (LARGE,)}")
 
 
 def make_model(kind: str, directory: str, seed: int = 0) -> str:

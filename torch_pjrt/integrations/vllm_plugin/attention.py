@@ -2,17 +2,17 @@
 
 KV cache, per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (keys,
 values). Each step the new tokens' keys and values are written at vLLM's slots
-(block * block_size + offset, ``index_copy_``); each token then reads its request's
-context through the block table (``index_select`` of whole blocks: whole-block rows
-gather about twice as fast as single slots on the XLA CPU plugin) and attends to the
-positions up to its own (causal; a sliding window when the model has one). Prefill,
-chunked prefill and decode are the same computation, and the shapes depend only on
-the padded token count: one program per bucket. Padding tokens write into block 0,
-vLLM's null block, which no request owns.
+(block * block_size + offset, ``index_copy_``); each token then attends to the
+positions up to its own (causal; a sliding window when the model has one) of its
+request's blocks: ``torch_pjrt::paged_attention`` reads the context in chunks of
+whole blocks with a running softmax, for as many chunks as the step's longest
+context needs (a loop inside the program). Prefill, chunked prefill and decode are
+the same computation, and the shapes depend only on the padded token count: one
+program per bucket. Padding tokens sit at position 0 and write into block 0, vLLM's
+null block, which no request owns.
 
-Cost: each token gathers its request's whole block table (``max_model_len`` slots),
-so memory and work grow with tokens x ``max_model_len``: a plain reference
-formulation, not a ragged paged-attention kernel.
+Cost: every token reads as many chunks as the step's longest context, so work grows
+with tokens x that context (rounded up to a chunk), not with ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_b
 from vllm.v1.kv_cache_interface import AttentionSpec
 
 from .buckets import Buckets
+
+
+# Context positions each token reads per iteration of the attention's loop: larger chunks mean
+# fewer iterations, smaller ones less reading past the longest context.
+CHUNK_SLOTS = 128
 
 
 def buckets_of(vllm_config: VllmConfig) -> Buckets:
@@ -167,29 +172,17 @@ class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
             return output.zero_()
         m = attn_metadata
         blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
-        tokens, context = query.shape[0], m.block_rows.shape[1] * block_size
+        tokens = query.shape[0]
         keys, values = kv_cache[0], kv_cache[1]
         slots = (blocks * block_size, self.num_kv_heads, self.head_size)
         keys.view(slots).index_copy_(0, m.slot_mapping, key.to(keys.dtype))
         values.view(slots).index_copy_(0, m.slot_mapping, value.to(values.dtype))
 
-        # Every token's context: its request's blocks, in position order.
-        rows = m.block_rows.reshape(-1)
-        k = keys.index_select(0, rows).view(tokens, context, self.num_kv_heads, self.head_size)
-        v = values.index_select(0, rows).view(tokens, context, self.num_kv_heads, self.head_size)
-        group = self.num_heads // self.num_kv_heads
-        q = query.view(tokens, self.num_kv_heads, group, self.head_size)
-
-        scores = torch.einsum("tkgd,tlkd->tkgl", q.float(), k.float()) * self.scale
-        if self.logits_soft_cap:
-            scores = torch.tanh(scores / self.logits_soft_cap) * self.logits_soft_cap
-        place = torch.arange(context, device=query.device).unsqueeze(0)
-        mine = m.positions.unsqueeze(1)
-        visible = place <= mine
-        if self.sliding_window is not None:
-            visible = visible & (place > mine - self.sliding_window)
-        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.einsum("tkgl,tlkd->tkgd", probs, v.float())
+        # Each token reads its request's blocks in position order, chunk by chunk, as far as
+        # the batch's longest context goes (torch_pjrt::paged_attention).
+        out = torch.ops.torch_pjrt.paged_attention(
+            query.view(tokens, self.num_heads, self.head_size), keys, values, m.block_rows, m.positions, self.scale,
+            sliding_window=self.sliding_window or 0, soft_cap=self.logits_soft_cap or 0.0,
+            chunk_blocks=max(1, CHUNK_SLOTS // block_size))
         output.copy_(out.reshape(output.shape).to(output.dtype))
         return output
