@@ -111,84 +111,87 @@ bool nested_mask_left_aligned(const Tensor&, const Tensor&) { return false; }
 
 constexpr const char* kPagedAttention = "torch_pjrt::paged_attention";
 
-void check_paged_attention(const Tensor& query, const Tensor& key_cache, const Tensor& value_cache,
-                           const Tensor& block_rows, const Tensor& positions, int64_t sliding_window, double soft_cap,
+void check_paged_attention(const Tensor& query, const Tensor& kv_cache, const Tensor& block_rows, const Tensor& positions, int64_t sliding_window, double soft_cap,
                            int64_t chunk_blocks) {
   const char* op = kPagedAttention;
-  TORCH_CHECK(query.dim() == 3, op, ": expected query [tokens, heads, head_size], got ", query.sizes());
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.sizes().equals(value_cache.sizes()), op,
-              ": expected key and value caches of one shape [blocks, block_size, kv_heads, head_size], got ",
-              key_cache.sizes(), " and ", value_cache.sizes());
-  TORCH_CHECK(at::isFloatingType(query.scalar_type()) && at::isFloatingType(key_cache.scalar_type()) &&
-                  key_cache.scalar_type() == value_cache.scalar_type(),
-              op, ": expected floating-point query and caches (the caches of one dtype), got ", query.scalar_type(),
-              ", ", key_cache.scalar_type(), " and ", value_cache.scalar_type());
-  TORCH_CHECK(key_cache.size(3) == query.size(2), op, ": the caches' head size ", key_cache.size(3),
-              " is not the query's ", query.size(2));
-  TORCH_CHECK(key_cache.size(2) > 0 && query.size(1) % key_cache.size(2) == 0, op, ": ", query.size(1),
-              " query heads are not a multiple of ", key_cache.size(2), " key/value heads");
+  TORCH_CHECK(query.dim() == 4, op, ": expected query [tiles, rows per tile, heads, head_size], got ", query.sizes());
+  TORCH_CHECK(kv_cache.dim() == 5 && kv_cache.size(0) == 2, op,
+              ": expected kv_cache [2 (keys, values), blocks, kv_heads, block_size, head_size], got ", kv_cache.sizes());
+  TORCH_CHECK(at::isFloatingType(query.scalar_type()) && at::isFloatingType(kv_cache.scalar_type()), op,
+              ": expected a floating-point query and kv_cache, got ", query.scalar_type(), " and ",
+              kv_cache.scalar_type());
+  TORCH_CHECK(kv_cache.size(4) == query.size(3), op, ": the cache's head size ", kv_cache.size(4),
+              " is not the query's ", query.size(3));
+  TORCH_CHECK(kv_cache.size(2) > 0 && query.size(2) % kv_cache.size(2) == 0, op, ": ", query.size(2),
+              " query heads are not a multiple of ", kv_cache.size(2), " key/value heads");
+  auto integers = [](const Tensor& t) { return !at::isFloatingType(t.scalar_type()) && t.scalar_type() != at::kBool; };
   TORCH_CHECK(block_rows.dim() == 2 && block_rows.size(0) == query.size(0) && block_rows.size(1) > 0 &&
-                  !at::isFloatingType(block_rows.scalar_type()) && block_rows.scalar_type() != at::kBool,
-              op, ": expected block_rows [tokens, blocks per request] of integers for ", query.size(0),
-              " tokens, got ", block_rows.scalar_type(), " ", block_rows.sizes());
-  TORCH_CHECK(positions.dim() == 1 && positions.size(0) == query.size(0) &&
-                  !at::isFloatingType(positions.scalar_type()) && positions.scalar_type() != at::kBool,
-              op, ": expected positions [tokens] of integers for ", query.size(0), " tokens, got ",
-              positions.scalar_type(), " ", positions.sizes());
+                  integers(block_rows),
+              op, ": expected block_rows [tiles, blocks per request] of integers for ", query.size(0), " tiles, got ",
+              block_rows.scalar_type(), " ", block_rows.sizes());
+  TORCH_CHECK(positions.dim() == 2 && positions.size(0) == query.size(0) && positions.size(1) == query.size(1) &&
+                  integers(positions),
+              op, ": expected positions [tiles, rows per tile] of integers for ", query.size(0), " x ", query.size(1),
+              " query rows, got ", positions.scalar_type(), " ", positions.sizes());
   TORCH_CHECK(sliding_window >= 0 && soft_cap >= 0 && chunk_blocks >= 1, op,
               ": expected sliding_window >= 0, soft_cap >= 0 and chunk_blocks >= 1, got ", sliding_window, ", ",
               soft_cap, " and ", chunk_blocks);
 }
 
-// The definition, on any device: every token scores its request's whole block table, masked to
-// the positions it sees (the pjrt kernel computes the same over the chunks in use).
-Tensor paged_attention_reference(const Tensor& query, const Tensor& key_cache, const Tensor& value_cache,
-                                 const Tensor& block_rows, const Tensor& positions, double scale,
-                                 int64_t sliding_window, double soft_cap, int64_t chunk_blocks) {
-  check_paged_attention(query, key_cache, value_cache, block_rows, positions, sliding_window, soft_cap, chunk_blocks);
-  const int64_t tokens = query.size(0), heads = query.size(1), head_size = query.size(2);
-  const int64_t kv_heads = key_cache.size(2), context = block_rows.size(1) * key_cache.size(1);
+// The definition, on any device: every row scores its tile's whole block table, masked to the
+// positions it sees (the pjrt kernel computes the same over the chunks in use).
+Tensor paged_attention_reference(const Tensor& query, const Tensor& kv_cache, const Tensor& block_rows,
+                                 const Tensor& positions, double scale, int64_t sliding_window, double soft_cap,
+                                 int64_t chunk_blocks) {
+  check_paged_attention(query, kv_cache, block_rows, positions, sliding_window, soft_cap, chunk_blocks);
+  const int64_t tiles = query.size(0), rows = query.size(1), heads = query.size(2), head_size = query.size(3);
+  const int64_t kv_heads = kv_cache.size(2), table = block_rows.size(1), block_size = kv_cache.size(3);
+  const int64_t context = table * block_size;
   const at::ScalarType acc_type = query.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;  // at least float32
-  auto gathered = [&](const Tensor& cache) {
+  auto gathered = [&](const Tensor& cache) {  // [S, L, KVH, D], in position order
     return cache.index_select(0, block_rows.reshape(-1).to(at::kLong))
-        .view({tokens, context, kv_heads, head_size})
+        .view({tiles, table, kv_heads, block_size, head_size})
+        .transpose(2, 3)
+        .reshape({tiles, context, kv_heads, head_size})
         .to(acc_type);
   };
-  Tensor q = query.reshape({tokens, kv_heads, heads / kv_heads, head_size}).to(acc_type);
-  Tensor scores = at::einsum("tkgd,tlkd->tkgl", {q, gathered(key_cache)}) * scale;
+  Tensor q = query.reshape({tiles, rows, kv_heads, heads / kv_heads, head_size}).to(acc_type);
+  Tensor scores = at::einsum("sqkgd,slkd->sqkgl", {q, gathered(kv_cache[0])}) * scale;
   if (soft_cap > 0) scores = at::tanh(scores / soft_cap) * soft_cap;
-  Tensor place = at::arange(context, positions.options().dtype(at::kLong)).unsqueeze(0);
-  Tensor own = positions.to(at::kLong).unsqueeze(1);
+  Tensor place = at::arange(context, positions.options().dtype(at::kLong)).view({1, 1, context});
+  Tensor own = positions.to(at::kLong).unsqueeze(2);
   Tensor visible = place <= own;
   if (sliding_window > 0) visible = visible & (place > own - sliding_window);
-  scores = scores.masked_fill(visible.logical_not().view({tokens, 1, 1, context}),
-                              -std::numeric_limits<double>::infinity());
-  Tensor out = at::einsum("tkgl,tlkd->tkgd", {at::softmax(scores, -1), gathered(value_cache)});
-  return out.reshape({tokens, heads, head_size}).to(query.scalar_type());
+  visible = visible.view({tiles, rows, 1, 1, context});
+  scores = scores.masked_fill(visible.logical_not(), -std::numeric_limits<double>::infinity());
+  // A padding row (position -1) sees nothing: 0, not softmax's NaN.
+  Tensor weights = at::softmax(scores, -1).masked_fill(visible.logical_not(), 0);
+  Tensor out = at::einsum("sqkgl,slkd->sqkgd", {weights, gathered(kv_cache[1])});
+  return out.reshape({tiles, rows, heads, head_size}).to(query.scalar_type());
 }
 
-Tensor paged_attention(const Tensor& query, const Tensor& key_cache, const Tensor& value_cache,
-                       const Tensor& block_rows, const Tensor& positions, double scale, int64_t sliding_window,
-                       double soft_cap, int64_t chunk_blocks) {
-  check_paged_attention(query, key_cache, value_cache, block_rows, positions, sliding_window, soft_cap, chunk_blocks);
-  for (const Tensor* t : {&key_cache, &value_cache, &block_rows, &positions}) {
+Tensor paged_attention(const Tensor& query, const Tensor& kv_cache, const Tensor& block_rows, const Tensor& positions,
+                       double scale, int64_t sliding_window, double soft_cap, int64_t chunk_blocks) {
+  check_paged_attention(query, kv_cache, block_rows, positions, sliding_window, soft_cap, chunk_blocks);
+  for (const Tensor* t : {&kv_cache, &block_rows, &positions}) {
     TORCH_CHECK(t->device() == query.device(), kPagedAttention, ": expected every input on ", query.device(),
                 ", got one on ", t->device());
   }
   OpBuilder op(kPagedAttention);
   L::PagedAttentionParams params{scale, sliding_window, soft_cap, chunk_blocks};
-  Value out = L::paged_attention(op.b(), op.input(query), op.input(key_cache), op.input(value_cache),
-                                 op.input(block_rows), op.input(positions), params);
+  Value out = L::paged_attention(op.b(), op.input(query), op.input(kv_cache), op.input(block_rows),
+                                 op.input(positions), params);
   return finish(op, op.b().convert(out, to_ir(query.scalar_type())), query.scalar_type(), nullptr);
 }
 
 }  // namespace
 
-// torch_pjrt's own operators. paged_attention: vLLM's paged KV cache read by a ragged batch of tokens
-// (see lowering/nn.h); chunk_blocks sets the pjrt kernel's chunk of context, not the result.
+// torch_pjrt's own operators. paged_attention: vLLM's paged KV cache read by a ragged batch of queries
+// in tiles of one request each (see lowering/nn.h); chunk_blocks sets the pjrt kernel's chunk of
+// context, not the result.
 TORCH_LIBRARY(torch_pjrt, m) {
-  m.def("paged_attention(Tensor query, Tensor key_cache, Tensor value_cache, Tensor block_rows, Tensor positions, "
-        "float scale, int sliding_window=0, float soft_cap=0., int chunk_blocks=16) -> Tensor");
+  m.def("paged_attention(Tensor query, Tensor kv_cache, Tensor block_rows, Tensor positions, float scale, "
+        "int sliding_window=0, float soft_cap=0., int chunk_blocks=16) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(torch_pjrt, CompositeExplicitAutograd, m) {

@@ -460,14 +460,24 @@ at::Tensor index_update(const char* name, const at::Tensor& self, int64_t dim, c
   Value x = op.input(self);
   if (self.dim() == 0) x = b.reshape(x, {1});
   Value idx = flat_index(b, op.input(index));
-  op.check_flag(L::index_out_of_range(b, idx, size),
-                std::string("index out of range in aten::") + name + " (dimension size " + std::to_string(size) + ")");
+  Value bad = L::index_out_of_range(b, idx, size);
+  op.check_flag_guarded_by_op(bad, std::string("index out of range in aten::") + name + " (dimension size " +
+                                       std::to_string(size) + ")");
   auto perm = front_perm(rank, d);
   Value xt = b.transpose(x, perm);
   std::vector<int64_t> rows_shape = b.dims(xt);
   rows_shape[0] = b.type(idx).numel();
   Value v = b.convert(values(op, x, rows_shape), b.dtype(x));
-  Value r = b.transpose(L::index_put(b, xt, {idx}, v, accumulate), inverse_perm(perm));
+  // With an index out of range, self stays unchanged (as where ATen raises before writing): every
+  // update then adds -0 (x + -0 is x, signed zeros and NaN included) or writes back the row it
+  // replaces, at indices clamped into range. That costs the update, not a pass over self.
+  Value wrapped = L::wrap_index(b, idx, size);
+  Value safe = b.clamp(b.constant_int(DType::S64, 0), wrapped, b.constant_int(DType::S64, size - 1));
+  Value suppress = b.broadcast_to(bad, b.dims(v));
+  Value unchanged = accumulate ? b.scalar_like(v, is_floating(b.dtype(v)) ? -0.0 : 0.0) : L::index_select(b, xt, 0, safe);
+  if (accumulate) unchanged = b.broadcast_to(unchanged, b.dims(v));
+  v = b.select(suppress, unchanged, v);
+  Value r = b.transpose(L::index_put(b, xt, {safe}, v, accumulate), inverse_perm(perm));
   if (self.dim() == 0) r = b.reshape(r, {});
   return finish(op, r, self.scalar_type(), into);
 }

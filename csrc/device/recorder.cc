@@ -304,6 +304,12 @@ void OpBuilder::replace_contents(StorageState* st, Value flat) {
 
 void OpBuilder::check_flag(Value flag, const std::string& message) {
   flags_.emplace_back(builder_.reshape(builder_.convert(flag, DType::Pred), {}), message);
+  flag_guarded_.push_back(false);
+}
+
+void OpBuilder::check_flag_guarded_by_op(Value flag, const std::string& message) {
+  check_flag(flag, message);
+  flag_guarded_.back() = true;
 }
 
 namespace {
@@ -373,9 +379,10 @@ Value OpBuilder::nonfinite_code() {
 void OpBuilder::run() {
   if (device_ < 0) device_ = 0;
   for (const auto& p : scalars_) frag_.params[p.param].buffer = device_scalar(device_, p.dtype, &p.bits);
-  Value any_bad;
-  for (auto& f : flags_) {
-    any_bad = any_bad.valid() ? builder_.binary("or", any_bad, f.first) : f.first;
+  Value any_bad;  // of the flags whose op does not guard its writes itself
+  for (size_t i = 0; i < flags_.size(); ++i) {
+    if (flag_guarded_[i]) continue;
+    any_bad = any_bad.valid() ? builder_.binary("or", any_bad, flags_[i].first) : flags_[i].first;
   }
   EagerMode mode = capturing() ? EagerMode::Fused : eager_mode();
   bool debug = mode == EagerMode::Debug;

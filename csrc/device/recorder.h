@@ -55,8 +55,12 @@ class OpBuilder {
   // Replaces a storage's whole contents with `flat` (any dtype/length).
   void replace_contents(StorageState* st, ir::Value flat);
   // Marks an out-of-range condition (i1 scalar): checked at the next sync point,
-  // and writes of this op are suppressed when it holds.
+  // and writes of this op are suppressed when it holds (a select over each written storage).
   void check_flag(ir::Value flag, const std::string& message);
+  // The same for an op that already leaves what it writes unchanged when the flag holds (its
+  // scatter writes back the values it would overwrite): no pass over the written storages, so
+  // a small update of a large tensor (a KV cache) costs the update, and can run in place.
+  void check_flag_guarded_by_op(ir::Value flag, const std::string& message);
 
   // The layout PyTorch's CPU kernels give a fresh result of `rank` dims: that of
   // the first input of rank 4 or 5 whose layout is unambiguous (channels-last
@@ -107,6 +111,7 @@ class OpBuilder {
   c10::SmallVector<at::Tensor, 4> keep_;  // tensors read or written: their storages outlive the recording
   c10::SmallVector<std::pair<at::Tensor, ir::Value>, 2> outputs_;
   std::vector<std::pair<ir::Value, std::string>> flags_;
+  std::vector<bool> flag_guarded_;  // flags_[i] needs no select over written storages
   struct PendingScalar {
     size_t param;  // index in the fragment's params
     ir::DType dtype;

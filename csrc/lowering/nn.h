@@ -73,21 +73,24 @@ std::vector<double> antialias_weights(int64_t in, int64_t out, bool align_corner
 std::vector<int64_t> reflect_indices(int64_t in, int64_t low, int64_t high);
 std::vector<int64_t> replicate_indices(int64_t in, int64_t low, int64_t high);
 
-// Attention over a paged KV cache (vLLM's layout) for a ragged batch of tokens: token t attends to
-// slots 0..positions[t] (within the sliding window, when there is one) of its request's blocks,
-// block_rows[t], in position order. The context is read in chunks of `chunk_blocks` blocks with an
-// online softmax, for as many chunks as the batch's longest context needs (a loop whose trip count
-// comes from `positions` at run time): the work grows with the context used, not with the block
-// table's length, and one program serves every context length.
+// Attention over a paged KV cache (vLLM's layout) for a ragged batch of queries in tiles: a tile
+// holds up to Q query rows of one request (a decode token alone, or Q tokens of a prefill), so its
+// context is gathered once for all of them. Row (s, r) attends to slots 0..positions[s, r] (within
+// the sliding window, when there is one) of its tile's blocks, block_rows[s], in position order; a
+// row at position -1 is padding and gives 0. The context is read in chunks of `chunk_blocks`
+// blocks with an online softmax, for as many chunks as the longest context needs (a loop whose
+// trip count comes from `positions` at run time): the work grows with the context used, not with
+// the block table's length, and one program serves every context length.
 struct PagedAttentionParams {
   double scale = 1.0;
   int64_t sliding_window = 0;  // 0: none
   double soft_cap = 0.0;       // 0: none; else scores become tanh(s / cap) * cap
   int64_t chunk_blocks = 1;
 };
-// query [T, H, D]; key_cache and value_cache [N, B, KVH, D] (H a multiple of KVH); block_rows
-// [T, M] and positions [T], integers. Returns [T, H, D] in float32 (float64 for a float64 query).
-Value paged_attention(Builder& b, Value query, Value key_cache, Value value_cache, Value block_rows, Value positions,
+// query [S, Q, H, D]; kv_cache [2, N, KVH, B, D] (keys, values; H a multiple of KVH); block_rows
+// [S, M] and positions [S, Q], integers. Returns [S, Q, H, D] in float32 (float64 for a float64
+// query).
+Value paged_attention(Builder& b, Value query, Value kv_cache, Value block_rows, Value positions,
                       const PagedAttentionParams& p);
 
 // Normalization. Returns {out, mean, invstd[, new_running_mean, new_running_var]}.

@@ -20,6 +20,7 @@ import transformers  # noqa: E402
 
 VOCAB = 512
 MAX_LEN = 256
+LLAMA_MAX_LEN = 2048  # rotary positions: long-context tests serve the same tiny Llama
 KINDS = ("llama", "gpt2")  # what the tests serve
 # For the benchmark: a Llama where attention over long contexts matters (hidden 512, 8 layers,
 # 2,048 positions), with the usual small initialization (its output is timed, not compared).
@@ -59,7 +60,7 @@ def _config(kind: str, vocab: int, eos: int) -> transformers.PretrainedConfig:
     if kind == "llama":
         return transformers.LlamaConfig(
             vocab_size=vocab, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_LEN,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=LLAMA_MAX_LEN,
             initializer_range=INIT_RANGE, bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False,
             torch_dtype="float32")
     if kind == "gpt2":

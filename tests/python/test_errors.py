@@ -60,6 +60,27 @@ def test_out_of_range_index_strict_raises_at_next_sync_and_keeps_values(dev):
         F.cross_entropy(torch.zeros(2, 3, device=dev), torch.tensor([0, 3], device=dev)).item()
 
 
+@pytest.mark.parametrize("mode", ["strict", "fused"])
+@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_"])
+def test_an_index_update_with_an_index_out_of_range_leaves_its_tensor_bit_for_bit(dev, mode, op):
+    """These ops keep their tensor unchanged themselves (they write back what they would replace,
+    or add -0): signed zeros, NaN and the other rows stay exactly, a view's base included."""
+    base = torch.tensor([[-0.0, float("nan")], [1.5, -2.0], [0.0, 3.0], [4.0, -0.0]])
+    bits = base.view(torch.int32).clone()
+    w = base.to(dev)
+    rows = w[1:]  # a view: the write goes through to the base's storage
+    idx = torch.tensor([0, 9, 1], device=dev)
+    source = torch.full((3, 2), 7.0, device=dev)
+    with torch_pjrt.eager_mode(mode):
+        update = {"index_copy_": lambda: rows.index_copy_(0, idx, source),
+                  "index_add_": lambda: rows.index_add_(0, idx, source),
+                  "index_fill_": lambda: rows.index_fill_(0, idx, 7.0)}[op]
+        update()
+        with pytest.raises(IndexError, match=f"index out of range in aten::{op[:-1]}"):
+            torch_pjrt.synchronize()
+    assert torch.equal(w.cpu().view(torch.int32), bits)
+
+
 def test_out_of_range_index_debug_raises_at_the_line(dev):
     w = torch.arange(6.0, device=dev)
     with torch_pjrt.debug_mode():

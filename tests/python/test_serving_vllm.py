@@ -167,6 +167,29 @@ def test_prompt_logprobs_match_transformers(engine_run: tuple[str, dict, list[li
     torch.testing.assert_close(torch.tensor(got[1:], dtype=torch.float64), want, rtol=0, atol=bound)
 
 
+def test_long_prompts_with_chunked_prefill_and_prefix_caching_equal_transformers(
+        models: dict[str, str], tmp_path: Path) -> None:
+    """Prompts of 1 to 1,500 tokens (up to 12 chunks of prefill each) batched together, then
+    prompts sharing long prefixes with them, served from vLLM's prefix cache: every token the
+    float64 reference's, and no program compiled after start-up (one attention program serves
+    every context length)."""
+    vocab = _vocab(models["llama"])
+    first = _prompts(3, [1, 37, 300, 1000, 1500], vocab)
+    tails = _prompts(4, [5, 200, 300], vocab)
+    # Shared prefixes of whole blocks and not (vLLM caches full blocks only), and a prompt that is
+    # an earlier prompt plus more.
+    then = [first[4][:1024] + tails[1], first[3][:333] + tails[2], first[2] + tails[0]]
+    job = {"prompts": first, "then": then, "max_tokens": MAX_TOKENS, "sampled": False,
+           "engine": {"max_model_len": 2048, "enable_prefix_caching": True}}
+    result = _run_engine(models["llama"], job, tmp_path)
+    assert result["compiles_after_start_up"] == 0
+    assert all(c > 0 for c in result["cached_then"]), f"no prefix cache hit: {result['cached_then']}"
+    expected, gap = _reference(models["llama"], first + then, MAX_TOKENS)
+    assert gap > DECISIVE, f"the float64 reference has a near tie ({gap:.2e}); the test cannot decide"
+    for ids, got, want in zip(first + then, result["greedy"] + result["greedy_then"], expected):
+        assert got == want, f"prompt of {len(ids)} tokens: vLLM on pjrt {got} != transformers {want}"
+
+
 # --- the OpenAI-compatible server ---------------------------------------------------------
 
 def _free_port() -> int:

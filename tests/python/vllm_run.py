@@ -4,10 +4,12 @@ prints what the serving tests check, as JSON on the last line of stdout.
     python vllm_run.py MODEL_DIR JOB.json
 
 JOB: {"prompts": [[token ids], ...], "max_tokens": n, "workload": [[token ids], ...],
-"engine": {LLM keyword arguments}}. Output: greedy token ids of the prompts batched
-together; three seeded sampled runs (seed A twice, seed B); the compiles, program
-executions and CPU fallbacks while serving the workload after start-up; the engine's
-buckets.
+"engine": {LLM keyword arguments}, "then": [[token ids], ...]}. Output: greedy token ids
+of the prompts batched together, and the prompt tokens vLLM found in its prefix cache
+for each; with "then", the same for those prompts, served after the first ones finished
+(their shared prefixes are cached by then); unless "sampled" is false, three seeded
+sampled runs (seed A twice, seed B); with a workload, the compiles, program executions
+and CPU fallbacks while serving it after start-up, and one prompt's logprobs.
 """
 
 from __future__ import annotations
@@ -35,19 +37,32 @@ def main() -> None:
     llm = LLM(model=model_dir, **engine)
     ready = torch_pjrt.metrics()
 
+    cached: list[int] = []
+
     def run(prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        cached[:] = [o.num_cached_tokens or 0 for o in outs]
         return [list(o.outputs[0].token_ids) for o in outs]
 
     n = job["max_tokens"]
+    greedy = SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)
     result: dict[str, object] = {
         "start_up": {"compiles": ready["compiles"] - start["compiles"],
                      "disk_cache_hits": ready["disk_cache_hits"] - start["disk_cache_hits"]},
-        "greedy": run(job["prompts"], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True)),
+        "greedy": run(job["prompts"], greedy),
+        "cached": list(cached),
     }
-    for name, seed in (("sampled_a", 7), ("sampled_a_again", 7), ("sampled_b", 8)):
-        result[name] = run(job["prompts"], SamplingParams(max_tokens=n, temperature=1.0, top_p=0.9, seed=seed,
-                                                          ignore_eos=True))
+    if "then" in job:
+        result["greedy_then"] = run(job["then"], greedy)
+        result["cached_then"] = list(cached)
+        result["compiles_after_start_up"] = torch_pjrt.metrics()["compiles"] - ready["compiles"]
+    if job.get("sampled", True):
+        for name, seed in (("sampled_a", 7), ("sampled_a_again", 7), ("sampled_b", 8)):
+            result[name] = run(job["prompts"], SamplingParams(max_tokens=n, temperature=1.0, top_p=0.9, seed=seed,
+                                                              ignore_eos=True))
+    if "workload" not in job:
+        print(json.dumps(result))
+        return
     before = torch_pjrt.metrics()
     lengths = job.get("workload_max_tokens", [n])
     params = [SamplingParams(max_tokens=lengths[i % len(lengths)], temperature=0.0, ignore_eos=True)

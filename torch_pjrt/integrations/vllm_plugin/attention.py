@@ -1,18 +1,21 @@
 """Paged attention for vLLM on pjrt, from ops that run natively on the device.
 
-KV cache, per layer: ``[2, num_blocks, block_size, num_kv_heads, head_size]`` (keys,
-values). Each step the new tokens' keys and values are written at vLLM's slots
+KV cache, per layer: ``[2, num_blocks, num_kv_heads, block_size, head_size]`` (keys,
+values; a block's slots of one head together, so attention gathers them with the head
+ahead of the slots). Each step the new tokens' keys and values are written at vLLM's slots
 (block * block_size + offset, ``index_copy_``); each token then attends to the
 positions up to its own (causal; a sliding window when the model has one) of its
-request's blocks: ``torch_pjrt::paged_attention`` reads the context in chunks of
-whole blocks with a running softmax, for as many chunks as the step's longest
-context needs (a loop inside the program). Prefill, chunked prefill and decode are
+request's blocks: ``torch_pjrt::paged_attention`` takes the tokens in tiles of up
+to Q tokens of one request (Q from the bucket: 1 when decodes dominate, up to 32
+for prefill), reads each tile's context once, in chunks of whole blocks with a
+running softmax, for as many chunks as the step's longest context needs (a loop
+inside the program). Prefill, chunked prefill and decode are
 the same computation, and the shapes depend only on the padded token count: one
 program per bucket. Padding tokens sit at position 0 and write into block 0, vLLM's
 null block, which no request owns.
 
-Cost: every token reads as many chunks as the step's longest context, so work grows
-with tokens x that context (rounded up to a chunk), not with ``max_model_len``.
+Cost: every tile reads as many chunks as the step's longest context, so work grows
+with tiles x that context (rounded up to a chunk), not with ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ class PjrtAttentionBackend(AttentionBackend):
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
                            cache_dtype_str: str = "auto") -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
 
     @staticmethod
     def use_cascade_attention(*args: object, **kwargs: object) -> bool:
@@ -88,22 +91,33 @@ class PjrtAttentionBackend(AttentionBackend):
 
 @dataclasses.dataclass
 class PjrtAttentionMetadata:
+    """A step's attention inputs, on the device. Attention works on tiles: up to Q query tokens of
+    one request each (Buckets.tile_rows), so a prefill's context is read once per tile, not per token."""
     num_actual_tokens: int
     num_requests: int
-    slot_mapping: torch.Tensor  # [padded tokens] int64, on the device
-    block_rows: torch.Tensor  # [padded tokens, blocks per request] int64: each token's request's blocks
-    positions: torch.Tensor  # [padded tokens] int64
-    last_tokens: torch.Tensor  # [padded requests] int64: each request's last token (its logits row)
+    slot_mapping: torch.Tensor  # [padded tokens]: each token's KV cache slot
+    tile_tokens: torch.Tensor  # [tiles, Q]: the token of each tile row (0 for a padding row)
+    tile_positions: torch.Tensor  # [tiles, Q]: each row's position (-1: padding)
+    tile_blocks: torch.Tensor  # [tiles, blocks per request]: each tile's request's blocks
+    token_rows: torch.Tensor  # [padded tokens]: each token's row in the tiles, flattened
+    last_tokens: torch.Tensor  # [padded requests]: each request's last token (its logits row)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.slot_mapping, self.tile_tokens, self.tile_positions, self.tile_blocks, self.token_rows,
+                self.last_tokens]
 
 
 def padding_metadata(tokens: int, requests: int, blocks_per_request: int,
                      device: torch.device) -> PjrtAttentionMetadata:
     """Metadata of a step of padding only (all in the null block): the same shapes,
     hence the same program, as a real step of that bucket."""
+    tiles, rows = Buckets.tiles(tokens, requests), Buckets.tile_rows(tokens, requests)
     zeros = torch.zeros(tokens, dtype=torch.int64)
-    rows = torch.zeros(tokens, blocks_per_request, dtype=torch.int64)
-    last = torch.zeros(requests, dtype=torch.int64)
-    return PjrtAttentionMetadata(0, 0, zeros.to(device), rows.to(device), zeros.to(device), last.to(device))
+    return PjrtAttentionMetadata(
+        0, 0, zeros.to(device), torch.zeros(tiles, rows, dtype=torch.int64).to(device),
+        torch.full((tiles, rows), -1, dtype=torch.int64).to(device),
+        torch.zeros(tiles, blocks_per_request, dtype=torch.int64).to(device), zeros.to(device),
+        torch.zeros(requests, dtype=torch.int64).to(device))
 
 
 class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadata]):
@@ -119,7 +133,7 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
               fast_build: bool = False) -> PjrtAttentionMetadata:
         m = common_attn_metadata
         num_tokens, num_reqs = m.num_actual_tokens, m.num_reqs
-        padded = self.buckets.tokens_for(num_tokens)
+        padded, padded_reqs = self.buckets.tokens_for(num_tokens), self.buckets.requests_for(num_reqs)
         starts = m.query_start_loc_cpu[:num_reqs + 1].to(torch.int64)
         query_lens = starts[1:] - starts[:-1]
         request_of_token = torch.repeat_interleave(torch.arange(num_reqs), query_lens)
@@ -128,16 +142,30 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
         positions = (seq_lens - query_lens)[request_of_token] + (torch.arange(num_tokens) - starts[request_of_token])
         blocks = m.block_table_tensor[:num_reqs].cpu().to(torch.int64)
 
+        # Each request's tokens in tiles of `rows`, in order.
+        rows, tiles = Buckets.tile_rows(padded, padded_reqs), Buckets.tiles(padded, padded_reqs)
+        tiles_of_request = (query_lens + rows - 1) // rows
+        used = int(tiles_of_request.sum())
+        tile_request = torch.repeat_interleave(torch.arange(num_reqs), tiles_of_request)
+        first_tile = torch.cumsum(tiles_of_request, 0) - tiles_of_request
+        row_token = (starts[tile_request] + (torch.arange(used) - first_tile[tile_request]) * rows).unsqueeze(1) \
+            + torch.arange(rows)
+        real = row_token < starts[tile_request + 1].unsqueeze(1)
+        tile_tokens = torch.zeros(tiles, rows, dtype=torch.int64)
+        tile_tokens[:used] = torch.where(real, row_token, 0)
+        tile_positions = torch.full((tiles, rows), -1, dtype=torch.int64)
+        tile_positions[:used] = torch.where(real, positions[row_token.clamp(max=num_tokens - 1)], -1)
+        tile_blocks = torch.zeros(tiles, blocks.shape[1], dtype=torch.int64)
+        tile_blocks[:used] = blocks[tile_request]
+        token_rows = torch.zeros(padded, dtype=torch.int64)
+        token_rows[row_token[real]] = (torch.arange(used).unsqueeze(1) * rows + torch.arange(rows))[real]
+
         slot = torch.zeros(padded, dtype=torch.int64)
         slot[:num_tokens] = m.slot_mapping[:num_tokens].cpu().clamp_min(0)
-        rows = torch.zeros(padded, blocks.shape[1], dtype=torch.int64)
-        rows[:num_tokens] = blocks[request_of_token]
-        pos = torch.zeros(padded, dtype=torch.int64)
-        pos[:num_tokens] = positions
-        last = torch.zeros(self.buckets.requests_for(num_reqs), dtype=torch.int64)
+        last = torch.zeros(padded_reqs, dtype=torch.int64)
         last[:num_reqs] = starts[1:] - 1
-        return PjrtAttentionMetadata(num_tokens, num_reqs, slot.to(self.target), rows.to(self.target),
-                                     pos.to(self.target), last.to(self.target))
+        return PjrtAttentionMetadata(num_tokens, num_reqs, *(t.to(self.target) for t in (
+            slot, tile_tokens, tile_positions, tile_blocks, token_rows, last)))
 
 
 class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
@@ -171,18 +199,27 @@ class PjrtAttentionImpl(AttentionImpl[PjrtAttentionMetadata]):
         if attn_metadata is None:  # profiling run without a KV cache
             return output.zero_()
         m = attn_metadata
-        blocks, block_size = kv_cache.shape[1], kv_cache.shape[2]
+        blocks, block_size = kv_cache.shape[1], kv_cache.shape[3]
         tokens = query.shape[0]
-        keys, values = kv_cache[0], kv_cache[1]
-        slots = (blocks * block_size, self.num_kv_heads, self.head_size)
-        keys.view(slots).index_copy_(0, m.slot_mapping, key.to(keys.dtype))
-        values.view(slots).index_copy_(0, m.slot_mapping, value.to(values.dtype))
+        # The step's keys and values in one write into the whole cache (writing a half, a view,
+        # would copy it): the key for head h goes to row (0, block, h, offset) of the cache's
+        # rows of head_size, the value to row (1, block, h, offset).
+        heads = torch.arange(self.num_kv_heads, device=query.device)
+        key_rows = ((m.slot_mapping // block_size * self.num_kv_heads).unsqueeze(1) + heads) * block_size \
+            + (m.slot_mapping % block_size).unsqueeze(1)
+        key_rows = key_rows.reshape(-1)
+        half = blocks * self.num_kv_heads * block_size
+        updates = torch.cat([key.reshape(-1, self.head_size), value.reshape(-1, self.head_size)]).to(kv_cache.dtype)
+        kv_cache.view(2 * half, self.head_size).index_copy_(0, torch.cat([key_rows, key_rows + half]), updates)
 
-        # Each token reads its request's blocks in position order, chunk by chunk, as far as
-        # the batch's longest context goes (torch_pjrt::paged_attention).
+        # The tokens in tiles; each tile reads its request's blocks in position order, chunk by
+        # chunk, as far as the step's longest context goes (torch_pjrt::paged_attention).
+        tiles, rows = m.tile_tokens.shape
+        q = query.view(tokens, self.num_heads, self.head_size).index_select(0, m.tile_tokens.reshape(-1))
         out = torch.ops.torch_pjrt.paged_attention(
-            query.view(tokens, self.num_heads, self.head_size), keys, values, m.block_rows, m.positions, self.scale,
+            q.view(tiles, rows, self.num_heads, self.head_size), kv_cache, m.tile_blocks, m.tile_positions, self.scale,
             sliding_window=self.sliding_window or 0, soft_cap=self.logits_soft_cap or 0.0,
             chunk_blocks=max(1, CHUNK_SLOTS // block_size))
+        out = out.view(tiles * rows, self.num_heads, self.head_size).index_select(0, m.token_rows)
         output.copy_(out.reshape(output.shape).to(output.dtype))
         return output

@@ -8,6 +8,8 @@ import dataclasses
 
 SMALLEST_TOKENS = 16
 SMALLEST_REQUESTS = 8
+# Attention reads a request's context once per tile of up to this many of its query tokens.
+LARGEST_TILE = 32
 
 
 def _powers_of_two(smallest: int, largest: int) -> tuple[int, ...]:
@@ -42,6 +44,23 @@ class Buckets:
 
     def requests_for(self, num_requests: int) -> int:
         return self._pick(self.requests, num_requests, "requests")
+
+    @staticmethod
+    def tile_rows(tokens: int, requests: int) -> int:
+        """Query tokens per attention tile in a (tokens, requests) bucket: 1 where the bucket is
+        mostly decodes (a token per request), more as prefill tokens outnumber requests
+        (a power of two up to LARGEST_TILE)."""
+        rows = 1
+        while rows * 2 <= min(LARGEST_TILE, tokens // (2 * requests)):
+            rows *= 2
+        return rows
+
+    @classmethod
+    def tiles(cls, tokens: int, requests: int) -> int:
+        """Attention tiles a step of that bucket can need: each request's tokens in tiles of
+        tile_rows, every tile holding at least one token."""
+        rows = cls.tile_rows(tokens, requests)
+        return min(tokens, -(-(tokens + requests * (rows - 1)) // rows))
 
     def forward_shapes(self) -> list[tuple[int, int]]:
         """Every (tokens, requests) pair a step can have: a request has at least one token."""

@@ -131,8 +131,7 @@ class PjrtModelRunner(CPUModelRunner):
         Python in between: no model code, no op dispatch. Should a capture fail (the
         model reads a device tensor that is neither an input nor a weight), that bucket
         is recorded in fused mode at every step instead, still as one program."""
-        inputs = [ids, pos, metadata.slot_mapping, metadata.block_rows, metadata.positions,
-                  metadata.last_tokens, *self._kv_list]
+        inputs = [ids, pos, *metadata.tensors(), *self._kv_list]
         key = layout_key(inputs)
         program = self._programs.get(key)
         if isinstance(program, CompiledGraph):
