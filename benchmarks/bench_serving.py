@@ -6,7 +6,9 @@ For each backend, in its own process (vLLM holds process-wide state):
   program cache) and warm (pjrt: the disk cache filled by the cold start);
 - steady state: a workload's requests arriving together (random prompt lengths in
   its range, its output tokens each, greedy, EOS ignored) through continuous
-  batching, after one warm-up pass; output tokens per second over the whole pass,
+  batching, after one warm-up pass, each pass with new prompts (vLLM's prefix cache
+  would otherwise serve every prompt of a pass from the one before, and the pass
+  would time decoding alone); output tokens per second over the whole pass,
   and the median and 90th-percentile time to first token as vLLM measures it per
   request. Median over the workload's passes. A pass ends when every request has
   finished: the tokens reached the host.
@@ -59,9 +61,14 @@ def worker(model_dir: str, workload: dict) -> None:
     g = torch.Generator().manual_seed(0)
     shortest, longest = workload["prompts"]
     lengths = torch.randint(shortest, longest + 1, (workload["requests"],), generator=g).tolist()
-    prompts = [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
+
+    def fresh_prompts() -> list:
+        # New token ids each pass (same lengths): vLLM's prefix cache must not serve a pass's
+        # prompts from an earlier one, or the pass would time decoding alone.
+        return [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
+
     params = SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
-    llm.generate(prompts, params, use_tqdm=False)  # warm-up pass
+    llm.generate(fresh_prompts(), params, use_tqdm=False)  # warm-up pass
 
     compiles = None
     if os.environ.get("VLLM_TARGET_DEVICE") == "pjrt":
@@ -69,6 +76,7 @@ def worker(model_dir: str, workload: dict) -> None:
         compiles = torch_pjrt.metrics()["compiles"]
     rates, ttft_median, ttft_p90 = [], [], []
     for _ in range(workload["repeats"]):
+        prompts = fresh_prompts()
         outs, elapsed = time_call(lambda: llm.generate(prompts, params, use_tqdm=False), None)
         rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
         firsts = sorted(o.metrics.first_token_latency for o in outs if o.metrics is not None)

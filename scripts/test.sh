@@ -90,7 +90,7 @@ STRICT_LAST="tests/python/test_stacks_ray.py tests/python/test_upstream_runner.p
 IGNORE=""
 for f in $HEAVY $STRICT_FIRST $STRICT_LAST; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""
-for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf graphs float8; do
+for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf graphs float8 paged_attention; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
 PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)

@@ -374,15 +374,18 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
               " for the destination and ", values.scalar_type(), " for the source.");
   OpBuilder op(accumulate ? "aten::index_put_(accumulate)" : "aten::index_put_");
   std::vector<Value> vs;
+  Value any_bad;
+  auto& b = op.b();
   for (size_t k = 0; k < p.index.size(); ++k) {
     Value v = op.input(p.index[k]);
     int64_t size = p.src.size(static_cast<int64_t>(k));
-    op.check_flag(L::index_out_of_range(op.b(), v, size), "index out of range in aten::index_put_ (dimension size " +
-                                                              std::to_string(size) + ")");
-    vs.push_back(v);
+    Value bad = L::index_out_of_range(b, v, size);
+    op.check_flag_guarded_by_op(bad, "index out of range in aten::index_put_ (dimension size " + std::to_string(size) + ")");
+    any_bad = any_bad.valid() ? b.binary("or", any_bad, bad) : bad;
+    // Clamped into range: with a bad index the values written below are those already there.
+    vs.push_back(b.clamp(b.constant_int(DType::S64, 0), L::wrap_index(b, v, size), b.constant_int(DType::S64, size - 1)));
   }
   Value vals = op.input(values);
-  auto& b = op.b();
   // Values are given in the result layout of self[indices]; bring them to the
   // [broadcast..., rest...] layout that the lowering uses.
   std::vector<int64_t> batch;
@@ -411,7 +414,15 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
     for (int64_t k = p.first + nb; k < static_cast<int64_t>(result_shape.size()); ++k) perm.push_back(k);
     vals = b.transpose(vals, perm);
   }
-  Value r = L::index_put(b, op.input(p.src), vs, vals, accumulate);
+  // With an index out of range, self stays unchanged (as where ATen raises before writing): every
+  // update then adds -0 (x + -0 is x, signed zeros and NaN included) or writes back the element it
+  // replaces. That costs the update, not a pass over self.
+  Value src = op.input(p.src);
+  vals = b.convert(vals, b.dtype(src));
+  Value unchanged = accumulate ? b.broadcast_to(b.scalar_like(vals, is_floating(b.dtype(vals)) ? -0.0 : 0.0), b.dims(vals))
+                               : L::index(b, src, vs);
+  vals = b.select(b.broadcast_to(any_bad, b.dims(vals)), unchanged, vals);
+  Value r = L::index_put(b, src, vs, vals, accumulate);
   // Write through the permuted view of self.
   op.write(p.src, r);
   op.run();

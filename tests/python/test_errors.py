@@ -61,7 +61,7 @@ def test_out_of_range_index_strict_raises_at_next_sync_and_keeps_values(dev):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_"])
+@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_", "index_put_", "index_put_(accumulate)"])
 def test_an_index_update_with_an_index_out_of_range_leaves_its_tensor_bit_for_bit(dev, mode, op):
     """These ops keep their tensor unchanged themselves (they write back what they would replace,
     or add -0): signed zeros, NaN and the other rows stay exactly, a view's base included."""
@@ -74,9 +74,11 @@ def test_an_index_update_with_an_index_out_of_range_leaves_its_tensor_bit_for_bi
     with torch_pjrt.eager_mode(mode):
         update = {"index_copy_": lambda: rows.index_copy_(0, idx, source),
                   "index_add_": lambda: rows.index_add_(0, idx, source),
-                  "index_fill_": lambda: rows.index_fill_(0, idx, 7.0)}[op]
+                  "index_fill_": lambda: rows.index_fill_(0, idx, 7.0),
+                  "index_put_": lambda: rows.index_put_((idx,), source),
+                  "index_put_(accumulate)": lambda: rows.index_put_((idx,), source, accumulate=True)}[op]
         update()
-        with pytest.raises(IndexError, match=f"index out of range in aten::{op[:-1]}"):
+        with pytest.raises(IndexError, match=f"index out of range in aten::{op.split('_(')[0].rstrip('_')}"):
             torch_pjrt.synchronize()
     assert torch.equal(w.cpu().view(torch.int32), bits)
 
