@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Any
 
@@ -88,14 +88,16 @@ def run_one(model_type: str, modes: list[str], timeout: float, jobs: int = 1, lo
                     _tail(log_path))
 
 
-def run_all(model_types: Sequence[str], modes: list[str], timeout: float, jobs: int,
+def run_all(model_types: Sequence[str], modes: list[str] | Mapping[str, list[str]], timeout: float, jobs: int,
             on_record: OnRecord, log_dir: str | None = None, command: Command = worker_command) -> list[Record]:
-    """Every type's worker, `jobs` at a time; on_record is called as each finishes."""
+    """Every type's worker, `jobs` at a time, in `modes` (or each type's own list of them);
+    on_record is called as each finishes."""
+    modes_of = modes if isinstance(modes, Mapping) else {t: modes for t in model_types}
     log_dir = log_dir or tempfile.mkdtemp(prefix="zoo-logs-")
     records: list[Record] = []
     total = len(model_types)
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(run_one, t, modes, timeout, jobs, log_dir, command) for t in model_types]
+        futures = [pool.submit(run_one, t, modes_of[t], timeout, jobs, log_dir, command) for t in model_types]
         for done, fut in enumerate(as_completed(futures), 1):
             rec = fut.result()
             records.append(rec)
