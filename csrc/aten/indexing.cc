@@ -157,13 +157,15 @@ at::Tensor scatter_impl(const at::Tensor& self, int64_t dim, const at::Tensor& i
   }
   TORCH_CHECK(index.scalar_type() == at::kLong || index.scalar_type() == at::kInt, "scatter(): Expected dtype int32/int64 for index");
   int64_t d = at::maybe_wrap_dim(dim, std::max<int64_t>(self.dim(), 1));
-  OpBuilder op(reduce.empty() ? "aten::scatter" : "aten::scatter_" + reduce);
+  const std::string name = reduce.empty() ? "aten::scatter" : "aten::scatter_" + reduce;
+  OpBuilder op(name);
   Value x = op.input(self), idx = op.input(index);
   if (self.dim() == 0) x = op.b().reshape(x, {1});
   int64_t size = op.b().dims(x)[d];
-  op.check_flag(L::index_out_of_range(op.b(), idx, size), "index out of range in aten::scatter (size " + std::to_string(size) + ")");
   Value s = src.dim() == 0 ? op.b().broadcast_to(op.input(src), vec(index.sizes())) : op.input(src);
-  Value r = L::scatter(op.b(), x, d, idx, s, reduce);
+  Value bad;
+  Value r = L::guarded_scatter(op.b(), x, d, idx, s, reduce, &bad);
+  op.check_flag_guarded_by_op(bad, "index out of range in " + name + " (size " + std::to_string(size) + ")");
   if (self.dim() == 0) r = op.b().reshape(r, {});
   return finish(op, r, self.scalar_type(), into);
 }
@@ -374,17 +376,8 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
               " for the destination and ", values.scalar_type(), " for the source.");
   OpBuilder op(accumulate ? "aten::index_put_(accumulate)" : "aten::index_put_");
   std::vector<Value> vs;
-  Value any_bad;
   auto& b = op.b();
-  for (size_t k = 0; k < p.index.size(); ++k) {
-    Value v = op.input(p.index[k]);
-    int64_t size = p.src.size(static_cast<int64_t>(k));
-    Value bad = L::index_out_of_range(b, v, size);
-    op.check_flag_guarded_by_op(bad, "index out of range in aten::index_put_ (dimension size " + std::to_string(size) + ")");
-    any_bad = any_bad.valid() ? b.binary("or", any_bad, bad) : bad;
-    // Clamped into range: with a bad index the values written below are those already there.
-    vs.push_back(b.clamp(b.constant_int(DType::S64, 0), L::wrap_index(b, v, size), b.constant_int(DType::S64, size - 1)));
-  }
+  for (const at::Tensor& index : p.index) vs.push_back(op.input(index));
   Value vals = op.input(values);
   // Values are given in the result layout of self[indices]; bring them to the
   // [broadcast..., rest...] layout that the lowering uses.
@@ -414,15 +407,12 @@ at::Tensor& index_put_impl(at::Tensor& self, const c10::List<std::optional<at::T
     for (int64_t k = p.first + nb; k < static_cast<int64_t>(result_shape.size()); ++k) perm.push_back(k);
     vals = b.transpose(vals, perm);
   }
-  // With an index out of range, self stays unchanged (as where ATen raises before writing): every
-  // update then adds -0 (x + -0 is x, signed zeros and NaN included) or writes back the element it
-  // replaces. That costs the update, not a pass over self.
-  Value src = op.input(p.src);
-  vals = b.convert(vals, b.dtype(src));
-  Value unchanged = accumulate ? b.broadcast_to(b.scalar_like(vals, is_floating(b.dtype(vals)) ? -0.0 : 0.0), b.dims(vals))
-                               : L::index(b, src, vs);
-  vals = b.select(b.broadcast_to(any_bad, b.dims(vals)), unchanged, vals);
-  Value r = L::index_put(b, src, vs, vals, accumulate);
+  std::vector<Value> bad;
+  Value r = L::guarded_index_put(b, op.input(p.src), vs, vals, accumulate, &bad);
+  for (size_t k = 0; k < bad.size(); ++k) {
+    op.check_flag_guarded_by_op(bad[k], "index out of range in aten::index_put_ (dimension size " +
+                                            std::to_string(p.src.size(static_cast<int64_t>(k))) + ")");
+  }
   // Write through the permuted view of self.
   op.write(p.src, r);
   op.run();
@@ -471,24 +461,15 @@ at::Tensor index_update(const char* name, const at::Tensor& self, int64_t dim, c
   Value x = op.input(self);
   if (self.dim() == 0) x = b.reshape(x, {1});
   Value idx = flat_index(b, op.input(index));
-  Value bad = L::index_out_of_range(b, idx, size);
-  op.check_flag_guarded_by_op(bad, std::string("index out of range in aten::") + name + " (dimension size " +
-                                       std::to_string(size) + ")");
   auto perm = front_perm(rank, d);
   Value xt = b.transpose(x, perm);
   std::vector<int64_t> rows_shape = b.dims(xt);
   rows_shape[0] = b.type(idx).numel();
-  Value v = b.convert(values(op, x, rows_shape), b.dtype(x));
-  // With an index out of range, self stays unchanged (as where ATen raises before writing): every
-  // update then adds -0 (x + -0 is x, signed zeros and NaN included) or writes back the row it
-  // replaces, at indices clamped into range. That costs the update, not a pass over self.
-  Value wrapped = L::wrap_index(b, idx, size);
-  Value safe = b.clamp(b.constant_int(DType::S64, 0), wrapped, b.constant_int(DType::S64, size - 1));
-  Value suppress = b.broadcast_to(bad, b.dims(v));
-  Value unchanged = accumulate ? b.scalar_like(v, is_floating(b.dtype(v)) ? -0.0 : 0.0) : L::index_select(b, xt, 0, safe);
-  if (accumulate) unchanged = b.broadcast_to(unchanged, b.dims(v));
-  v = b.select(suppress, unchanged, v);
-  Value r = b.transpose(L::index_put(b, xt, {safe}, v, accumulate), inverse_perm(perm));
+  std::vector<Value> bad;
+  Value r = L::guarded_index_put(b, xt, {idx}, values(op, x, rows_shape), accumulate, &bad);
+  op.check_flag_guarded_by_op(bad[0], std::string("index out of range in aten::") + name + " (dimension size " +
+                                          std::to_string(size) + ")");
+  r = b.transpose(r, inverse_perm(perm));
   if (self.dim() == 0) r = b.reshape(r, {});
   return finish(op, r, self.scalar_type(), into);
 }

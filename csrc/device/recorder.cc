@@ -303,13 +303,12 @@ void OpBuilder::replace_contents(StorageState* st, Value flat) {
 }
 
 void OpBuilder::check_flag(Value flag, const std::string& message) {
-  flags_.emplace_back(builder_.reshape(builder_.convert(flag, DType::Pred), {}), message);
-  flag_guarded_.push_back(false);
+  flags_.push_back({builder_.reshape(builder_.convert(flag, DType::Pred), {}), message, false});
 }
 
 void OpBuilder::check_flag_guarded_by_op(Value flag, const std::string& message) {
   check_flag(flag, message);
-  flag_guarded_.back() = true;
+  flags_.back().guarded_by_op = true;
 }
 
 namespace {
@@ -380,9 +379,8 @@ void OpBuilder::run() {
   if (device_ < 0) device_ = 0;
   for (const auto& p : scalars_) frag_.params[p.param].buffer = device_scalar(device_, p.dtype, &p.bits);
   Value any_bad;  // of the flags whose op does not guard its writes itself
-  for (size_t i = 0; i < flags_.size(); ++i) {
-    if (flag_guarded_[i]) continue;
-    any_bad = any_bad.valid() ? builder_.binary("or", any_bad, flags_[i].first) : flags_[i].first;
+  for (const Flag& f : flags_) {
+    if (!f.guarded_by_op) any_bad = any_bad.valid() ? builder_.binary("or", any_bad, f.holds) : f.holds;
   }
   EagerMode mode = capturing() ? EagerMode::Fused : eager_mode();
   bool debug = mode == EagerMode::Debug;
@@ -402,7 +400,7 @@ void OpBuilder::run() {
     }
     frag_.results.emplace_back(s.state, nv);
   }
-  for (auto& f : flags_) frag_.flags.push_back({f.first, f.second});
+  for (const Flag& f : flags_) frag_.flags.push_back({f.holds, f.message});
   if (debug) frag_.nonfinite = nonfinite_code();
   frag_.record.op = op_;
   if (mode == EagerMode::Fused && !capturing()) {

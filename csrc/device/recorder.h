@@ -110,8 +110,12 @@ class OpBuilder {
   c10::SmallVector<StorageSlot, 4> slots_;
   c10::SmallVector<at::Tensor, 4> keep_;  // tensors read or written: their storages outlive the recording
   c10::SmallVector<std::pair<at::Tensor, ir::Value>, 2> outputs_;
-  std::vector<std::pair<ir::Value, std::string>> flags_;
-  std::vector<bool> flag_guarded_;  // flags_[i] needs no select over written storages
+  struct Flag {
+    ir::Value holds;  // i1[]: the error condition
+    std::string message;
+    bool guarded_by_op;  // the op keeps its writes unchanged itself: no select over written storages
+  };
+  std::vector<Flag> flags_;
   struct PendingScalar {
     size_t param;  // index in the fragment's params
     ir::DType dtype;

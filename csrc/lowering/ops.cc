@@ -497,6 +497,58 @@ Value index_put(Builder& b, Value x, const std::vector<Value>& indices, Value va
                    accumulate ? "stablehlo.add" : "");
 }
 
+namespace {
+Value clamped_index(Builder& b, Value index, int64_t size) {
+  return b.clamp(b.constant_int(DType::S64, 0), wrap_index(b, index, size),
+                 b.constant_int(DType::S64, std::max<int64_t>(size - 1, 0)));
+}
+Value or_flags(Builder& b, Value acc, Value flag) { return acc.valid() ? b.binary("or", acc, flag) : flag; }
+// The update that leaves x's element as it is: -0 added (x + -0 is x, signed zeros and NaN
+// included), or the element itself written back (`current`).
+Value unchanging_update(Builder& b, Value updates, bool add, const std::function<Value()>& current) {
+  if (!add) return current();
+  return b.broadcast_to(b.scalar_like(updates, ir::is_floating(b.dtype(updates)) ? -0.0 : 0.0), b.dims(updates));
+}
+}  // namespace
+
+Value guarded_index_put(Builder& b, Value x, const std::vector<Value>& indices, Value values, bool accumulate,
+                        std::vector<Value>* bad) {
+  auto in = b.dims(x);
+  std::vector<Value> safe;
+  std::vector<int64_t> update_shape;
+  Value any_bad;
+  bad->clear();
+  for (size_t k = 0; k < indices.size(); ++k) {
+    bad->push_back(index_out_of_range(b, indices[k], in[k]));
+    any_bad = or_flags(b, any_bad, bad->back());
+    safe.push_back(clamped_index(b, indices[k], in[k]));
+    update_shape = ir::broadcast_shapes(update_shape, b.dims(indices[k]));
+  }
+  update_shape.insert(update_shape.end(), in.begin() + static_cast<int64_t>(indices.size()), in.end());
+  Value v = b.broadcast_to(b.convert(values, b.dtype(x)), update_shape);
+  Value unchanged = unchanging_update(b, v, accumulate, [&] { return index(b, x, safe); });
+  v = b.select(b.broadcast_to(any_bad, update_shape), unchanged, v);
+  return index_put(b, x, safe, v, accumulate);
+}
+
+Value guarded_scatter(Builder& b, Value x, int64_t dim, Value index, Value src, const std::string& reduce, Value* bad) {
+  if (reduce != "" && reduce != "add") throw std::invalid_argument("guarded_scatter: reduce \"" + reduce + "\"");
+  if (b.dims(index).empty()) {  // as scatter: a 0-d index into a one-element x
+    Value r = guarded_scatter(b, b.reshape(x, {1}), 0, b.reshape(index, {1}), b.reshape(src, {1}), reduce, bad);
+    return b.reshape(r, {});
+  }
+  int64_t size = b.dims(x)[dim];
+  *bad = index_out_of_range(b, index, size);
+  Value safe = clamped_index(b, index, size);
+  auto shape = b.dims(index);
+  Value updates = b.dims(src) == shape ? src : b.slice(src, std::vector<int64_t>(shape.size(), 0), shape,
+                                                       std::vector<int64_t>(shape.size(), 1));
+  updates = b.convert(updates, b.dtype(x));
+  Value unchanged = unchanging_update(b, updates, reduce == "add", [&] { return gather(b, x, dim, safe); });
+  updates = b.select(b.broadcast_to(*bad, shape), unchanged, updates);
+  return scatter(b, x, dim, safe, updates, reduce);
+}
+
 // ---------------------------------------------------------------- normalization
 
 std::vector<Value> layer_norm(Builder& b, Value x, const Value* weight, const Value* bias,

@@ -279,3 +279,57 @@ TEST(LoweringConvert, Float8FollowsTorchsConversionRules) {
     EXPECT_EQ(run_f32<uint8_t>(g, x, {8}, {0}, {1}, 8), bits) << ir::dtype_name(dtype);
   }
 }
+
+TEST(LoweringIndexing, GuardedUpdatesLeaveTheirTensorBitForBitOnABadIndex) {
+  // x = [[-0, NaN], [1.5, -2]]: rows 0 and 9 (out of range) or 0 and 1 get 7s written or
+  // added, and a scatter along dim 0 puts 7s at (rows[j], j). With the bad index every update
+  // writes back what is there or adds -0, so x comes back bit for bit and the flag holds.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> x_host{-0.0f, nan, 1.5f, -2.0f};
+  auto bits_of = [](const std::vector<float>& v) {
+    std::vector<uint32_t> u(v.size());
+    std::memcpy(u.data(), v.data(), v.size() * sizeof(float));
+    return u;
+  };
+  auto floats_of = [](const std::vector<uint32_t>& u) {
+    std::vector<float> v(u.size());
+    std::memcpy(v.data(), u.data(), u.size() * sizeof(float));
+    return v;
+  };
+  for (int64_t second_row : {9, 1}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto x = g.param({DType::F32, {2, 2}});
+    auto rows = g.param({DType::S64, {2}});
+    auto seven = b.constant(DType::F32, 7.0, {2, 2});
+    std::vector<ir::Value> bad_put, bad_add;
+    ir::Value bad_scatter;
+    auto put = lowering::guarded_index_put(b, x, {rows}, seven, /*accumulate=*/false, &bad_put);
+    auto add = lowering::guarded_index_put(b, x, {rows}, seven, /*accumulate=*/true, &bad_add);
+    auto scattered = lowering::guarded_scatter(b, x, 0, b.reshape(rows, {1, 2}), b.constant(DType::F32, 7.0, {1, 2}), "",
+                                               &bad_scatter);
+    std::vector<ir::Value> flags;
+    for (ir::Value f : {bad_put.at(0), bad_add.at(0), bad_scatter}) flags.push_back(b.reshape(b.convert(f, DType::F32), {1}));
+    g.set_outputs({b.reshape(put, {4}), b.reshape(add, {4}), b.reshape(scattered, {4}), b.concatenate(flags, 0)});
+    const int64_t row_ids[2] = {0, second_row};
+    auto r = run_graph<uint32_t>(g, {{x_host.data(), PJRT_Buffer_Type_F32, {2, 2}}, {row_ids, PJRT_Buffer_Type_S64, {2}}},
+                                 {4, 4, 4, 3});
+    if (second_row == 9) {
+      for (int k = 0; k < 3; ++k) EXPECT_EQ(r[k], bits_of(x_host)) << "update " << k;
+      EXPECT_EQ(floats_of(r[3]), (std::vector<float>{1, 1, 1}));
+      continue;
+    }
+    EXPECT_EQ(floats_of(r[0]), (std::vector<float>{7, 7, 7, 7}));
+    auto added = floats_of(r[1]);
+    EXPECT_EQ(added[0], 7.0f);
+    EXPECT_TRUE(std::isnan(added[1]));
+    EXPECT_EQ(added[2], 8.5f);
+    EXPECT_EQ(added[3], 5.0f);
+    auto s = floats_of(r[2]);
+    EXPECT_EQ(s[0], 7.0f);
+    EXPECT_TRUE(std::isnan(s[1]));
+    EXPECT_EQ(s[2], 1.5f);
+    EXPECT_EQ(s[3], 7.0f);
+    EXPECT_EQ(floats_of(r[3]), (std::vector<float>{0, 0, 0}));
+  }
+}

@@ -5,7 +5,6 @@ did, and the float64 CPU references a run is judged against."""
 
 from __future__ import annotations
 
-import copy
 import os
 from collections.abc import Callable
 from typing import Any

@@ -61,24 +61,30 @@ def test_out_of_range_index_strict_raises_at_next_sync_and_keeps_values(dev):
 
 
 @pytest.mark.parametrize("mode", ["strict", "fused"])
-@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_", "index_put_", "index_put_(accumulate)"])
+@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_", "index_put_", "index_put_(accumulate)",
+                                "scatter_", "scatter_(value)", "scatter_add_"])
 def test_an_index_update_with_an_index_out_of_range_leaves_its_tensor_bit_for_bit(dev, mode, op):
     """These ops keep their tensor unchanged themselves (they write back what they would replace,
     or add -0): signed zeros, NaN and the other rows stay exactly, a view's base included."""
+    name = op.split("_(")[0].rstrip("_")
     base = torch.tensor([[-0.0, float("nan")], [1.5, -2.0], [0.0, 3.0], [4.0, -0.0]])
     bits = base.view(torch.int32).clone()
     w = base.to(dev)
     rows = w[1:]  # a view: the write goes through to the base's storage
     idx = torch.tensor([0, 9, 1], device=dev)
+    idx2 = torch.tensor([[0, 1], [1, 9], [2, 0]], device=dev)  # scatter's: one index per element
     source = torch.full((3, 2), 7.0, device=dev)
     with torch_pjrt.eager_mode(mode):
         update = {"index_copy_": lambda: rows.index_copy_(0, idx, source),
                   "index_add_": lambda: rows.index_add_(0, idx, source),
                   "index_fill_": lambda: rows.index_fill_(0, idx, 7.0),
                   "index_put_": lambda: rows.index_put_((idx,), source),
-                  "index_put_(accumulate)": lambda: rows.index_put_((idx,), source, accumulate=True)}[op]
+                  "index_put_(accumulate)": lambda: rows.index_put_((idx,), source, accumulate=True),
+                  "scatter_": lambda: rows.scatter_(0, idx2, source),
+                  "scatter_(value)": lambda: rows.scatter_(0, idx2, 7.0),
+                  "scatter_add_": lambda: rows.scatter_add_(0, idx2, source)}[op]
         update()
-        with pytest.raises(IndexError, match=f"index out of range in aten::{op.split('_(')[0].rstrip('_')}"):
+        with pytest.raises(IndexError, match=rf"index out of range in aten::{name}_? \("):
             torch_pjrt.synchronize()
     assert torch.equal(w.cpu().view(torch.int32), bits)
 
@@ -400,7 +406,6 @@ def test_addmm_takes_complex_scalars(dev):
 def test_out_that_cannot_hold_the_result_is_refused(dev):
     # A float result into an integer out= tensor is an unsafe cast: ATen refuses it, so does pjrt.
     x = torch.randn(3, 4, device=dev)
-    index = torch.zeros(3, 2, dtype=torch.long, device=dev)
     calls = {
         "addmm": lambda o: torch.addmm(torch.zeros(3, 3, device=dev), x, torch.randn(4, 3, device=dev), out=o),
         "nan_to_num": lambda o: torch.nan_to_num(x, out=o),

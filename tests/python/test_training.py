@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from models import MLP, TinyTransformer, synthetic_tokens
 from trajectory import assert_trains_like_float64, problem
 
-import torch_pjrt
+import torch_pjrt  # noqa: F401  (registers the device)
 
 
 def train(model: torch.nn.Module, device: str, make_opt, batches, loss_fn, steps: int = 20,
