@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 import torch_pjrt
@@ -131,40 +132,42 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> PjrtAttentionMetadata:
+        # In NumPy on the host: a step's metadata is a few dozen operations on arrays of a few
+        # hundred elements, where a torch op's dispatch (about 5 us) would be most of the cost.
         m = common_attn_metadata
         num_tokens, num_reqs = m.num_actual_tokens, m.num_reqs
         padded, padded_reqs = self.buckets.tokens_for(num_tokens), self.buckets.requests_for(num_reqs)
-        starts = m.query_start_loc_cpu[:num_reqs + 1].to(torch.int64)
+        starts = m.query_start_loc_cpu[:num_reqs + 1].numpy().astype(np.int64)
         query_lens = starts[1:] - starts[:-1]
-        request_of_token = torch.repeat_interleave(torch.arange(num_reqs), query_lens)
-        seq_lens = m.seq_lens[:num_reqs].cpu().to(torch.int64)
+        request_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        seq_lens = m.seq_lens[:num_reqs].cpu().numpy().astype(np.int64)
         # A token's position: its request's context before this step, plus its place in the query.
-        positions = (seq_lens - query_lens)[request_of_token] + (torch.arange(num_tokens) - starts[request_of_token])
-        blocks = m.block_table_tensor[:num_reqs].cpu().to(torch.int64)
+        positions = (seq_lens - query_lens)[request_of_token] + (np.arange(num_tokens) - starts[request_of_token])
+        blocks = m.block_table_tensor[:num_reqs].cpu().numpy()
 
         # Each request's tokens in tiles of `rows`, in order.
         rows, tiles = Buckets.tile_rows(padded, padded_reqs), Buckets.tiles(padded, padded_reqs)
         tiles_of_request = (query_lens + rows - 1) // rows
         used = int(tiles_of_request.sum())
-        tile_request = torch.repeat_interleave(torch.arange(num_reqs), tiles_of_request)
-        first_tile = torch.cumsum(tiles_of_request, 0) - tiles_of_request
-        row_token = (starts[tile_request] + (torch.arange(used) - first_tile[tile_request]) * rows).unsqueeze(1) \
-            + torch.arange(rows)
-        real = row_token < starts[tile_request + 1].unsqueeze(1)
-        tile_tokens = torch.zeros(tiles, rows, dtype=torch.int64)
-        tile_tokens[:used] = torch.where(real, row_token, 0)
-        tile_positions = torch.full((tiles, rows), -1, dtype=torch.int64)
-        tile_positions[:used] = torch.where(real, positions[row_token.clamp(max=num_tokens - 1)], -1)
-        tile_blocks = torch.zeros(tiles, blocks.shape[1], dtype=torch.int64)
+        tile_request = np.repeat(np.arange(num_reqs), tiles_of_request)
+        first_tile = np.cumsum(tiles_of_request) - tiles_of_request
+        row_token = (starts[tile_request] + (np.arange(used) - first_tile[tile_request]) * rows)[:, None] \
+            + np.arange(rows)
+        real = row_token < starts[tile_request + 1][:, None]
+        tile_tokens = np.zeros((tiles, rows), dtype=np.int64)
+        tile_tokens[:used] = np.where(real, row_token, 0)
+        tile_positions = np.full((tiles, rows), -1, dtype=np.int64)
+        tile_positions[:used] = np.where(real, positions[np.minimum(row_token, num_tokens - 1)], -1)
+        tile_blocks = np.zeros((tiles, blocks.shape[1]), dtype=np.int64)
         tile_blocks[:used] = blocks[tile_request]
-        token_rows = torch.zeros(padded, dtype=torch.int64)
-        token_rows[row_token[real]] = (torch.arange(used).unsqueeze(1) * rows + torch.arange(rows))[real]
+        token_rows = np.zeros(padded, dtype=np.int64)
+        token_rows[row_token[real]] = (np.arange(used)[:, None] * rows + np.arange(rows))[real]
 
-        slot = torch.zeros(padded, dtype=torch.int64)
-        slot[:num_tokens] = m.slot_mapping[:num_tokens].cpu().clamp_min(0)
-        last = torch.zeros(padded_reqs, dtype=torch.int64)
+        slot = np.zeros(padded, dtype=np.int64)
+        slot[:num_tokens] = np.maximum(m.slot_mapping[:num_tokens].cpu().numpy(), 0)
+        last = np.zeros(padded_reqs, dtype=np.int64)
         last[:num_reqs] = starts[1:] - 1
-        return PjrtAttentionMetadata(num_tokens, num_reqs, *(t.to(self.target) for t in (
+        return PjrtAttentionMetadata(num_tokens, num_reqs, *(torch.from_numpy(t).to(self.target) for t in (
             slot, tile_tokens, tile_positions, tile_blocks, token_rows, last)))
 
 
