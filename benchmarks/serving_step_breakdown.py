@@ -1,0 +1,113 @@
+"""Where a vLLM engine step goes, per backend: the runner's and scheduler's main functions
+wrapped with timers over bench_serving.py's timed passes (after its warm-up pass), in
+milliseconds per engine step. Nested functions are counted in their callers too.
+
+    .venv/bin/python benchmarks/serving_step_breakdown.py [--model llama|gpt2|llama-large]
+
+Each backend runs in its own process (vLLM holds process-wide state), vLLM CPU first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
+
+
+def _timed(totals: dict[str, float], calls: collections.Counter, owner: type, name: str) -> None:
+    inner: Callable[..., Any] = getattr(owner, name)
+
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            totals[f"{owner.__name__}.{name}"] += time.perf_counter() - start
+            calls[f"{owner.__name__}.{name}"] += 1
+
+    setattr(owner, name, wrapper)
+
+
+def worker(model_dir: str, kind: str) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    import bench_serving
+
+    totals: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter = collections.Counter()
+    for name in ("execute_model", "sample_tokens", "_prepare_inputs", "_model_forward"):
+        _timed(totals, calls, GPUModelRunner, name)
+    for name in ("schedule", "update_from_output"):
+        _timed(totals, calls, Scheduler, name)
+    _timed(totals, calls, EngineCore, "step")
+    target = os.environ["VLLM_TARGET_DEVICE"]
+    if target == "pjrt":
+        from torch_pjrt.integrations.vllm_plugin import attention, worker as pjrt_worker
+        _timed(totals, calls, pjrt_worker.PjrtModelRunner, "_model_forward")
+        _timed(totals, calls, pjrt_worker.PjrtModelRunner, "_step")
+        _timed(totals, calls, attention.PjrtAttentionMetadataBuilder, "build")
+    workload = bench_serving.WORKLOADS[kind]
+    llm = LLM(model=model_dir, **workload["engine"])
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    g = torch.Generator().manual_seed(0)
+    shortest, longest = workload["prompts"]
+    lengths = torch.randint(shortest, longest + 1, (workload["requests"],), generator=g).tolist()
+
+    def prompts() -> list:
+        return [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
+
+    params = SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
+    llm.generate(prompts(), params, use_tqdm=False)  # warm-up pass
+    totals.clear()
+    calls.clear()
+    start = time.perf_counter()
+    for _ in range(workload["repeats"]):
+        llm.generate(prompts(), params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    steps = calls["EngineCore.step"]
+    print(f"vLLM {target}: {elapsed:.2f} s for {workload['repeats']} passes, {steps} engine steps, "
+          f"{elapsed / steps * 1e3:.2f} ms a step")
+    for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:45s} {seconds / steps * 1e3:7.3f} ms a step")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="llama", choices=["llama", "gpt2", "llama-large"])
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.model)
+        return
+    import serving_models
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = serving_models.make_model(args.model, os.path.join(tmp, args.model))
+        cache = os.path.join(tmp, "cache")
+        for target in ("cpu", "pjrt"):
+            env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache, HF_HUB_OFFLINE="1")
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--model", args.model, "--worker",
+                                   model_dir], env=env, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0:
+                raise RuntimeError(f"vLLM on {target} failed:\n{proc.stderr[-4000:]}")
+            print("\n".join(line for line in proc.stdout.splitlines() if line.startswith(("vLLM", "  "))))
+
+
+if __name__ == "__main__":
+    main()
