@@ -333,3 +333,54 @@ TEST(LoweringIndexing, GuardedUpdatesLeaveTheirTensorBitForBitOnABadIndex) {
     EXPECT_EQ(floats_of(r[3]), (std::vector<float>{0, 0, 0}));
   }
 }
+
+TEST(LoweringNn, PagedAttentionReadsEachRowsContextThroughItsBlockTable) {
+  // One request at position 2 whose blocks are [2, 0] (block size 2: its positions 0 and 1 sit
+  // in block 2, position 2 in block 0's first slot), two query heads sharing one key/value head,
+  // and a padding row (position -1, which gives 0). Expected values: the softmax over those
+  // three slots, worked out here in double; chunks of 1 block (a loop of two trips) and of 5.
+  constexpr int64_t kBlocks = 3, kBlockSize = 2, kHead = 2;
+  std::vector<float> cache(2 * kBlocks * kBlockSize * kHead);
+  for (size_t i = 0; i < cache.size(); ++i) cache[i] = std::sin(0.7f * static_cast<float>(i) + 0.3f);
+  const std::vector<float> query{0.5f, -1.0f, 1.5f, 0.25f, /*padding row:*/ 9.0f, 9.0f, 9.0f, 9.0f};  // [2, 1, 2, 2]
+  const int64_t block_rows[4] = {2, 0, 0, 0};
+  const int64_t positions[2] = {2, -1};
+  const double scale = 0.8;
+  auto at = [&](int kv, int64_t block, int64_t slot, int d) {
+    return static_cast<double>(cache[((kv * kBlocks + block) * kBlockSize + slot) * kHead + d]);
+  };
+  const std::pair<int64_t, int64_t> context[3] = {{2, 0}, {2, 1}, {0, 0}};  // (block, slot) of positions 0..2
+  std::vector<float> expected(8, 0.0f);
+  for (int h = 0; h < 2; ++h) {
+    double scores[3], total = 0, top = -1e300;
+    for (int j = 0; j < 3; ++j) {
+      scores[j] = scale * (query[h * 2] * at(0, context[j].first, context[j].second, 0) +
+                           query[h * 2 + 1] * at(0, context[j].first, context[j].second, 1));
+      top = std::max(top, scores[j]);
+    }
+    for (double& s : scores) total += (s = std::exp(s - top));
+    for (int d = 0; d < 2; ++d) {
+      double v = 0;
+      for (int j = 0; j < 3; ++j) v += scores[j] / total * at(1, context[j].first, context[j].second, d);
+      expected[h * 2 + d] = static_cast<float>(v);
+    }
+  }
+  for (int64_t chunk_blocks : {1, 5}) {
+    ir::Graph g;
+    ir::Builder b(g);
+    auto q = g.param({DType::F32, {2, 1, 2, kHead}});
+    auto kv = g.param({DType::F32, {2, kBlocks, 1, kBlockSize, kHead}});
+    auto rows = g.param({DType::S64, {2, 2}});
+    auto pos = g.param({DType::S64, {2, 1}});
+    lowering::PagedAttentionParams p;
+    p.scale = scale;
+    p.chunk_blocks = chunk_blocks;
+    g.set_outputs({b.reshape(lowering::paged_attention(b, q, kv, rows, pos, p), {8})});
+    auto r = run_graph<float>(g, {{query.data(), PJRT_Buffer_Type_F32, {2, 1, 2, kHead}},
+                                  {cache.data(), PJRT_Buffer_Type_F32, {2, kBlocks, 1, kBlockSize, kHead}},
+                                  {block_rows, PJRT_Buffer_Type_S64, {2, 2}},
+                                  {positions, PJRT_Buffer_Type_S64, {2, 1}}},
+                              {8});
+    for (int i = 0; i < 8; ++i) EXPECT_NEAR(r[0][i], expected[i], 1e-5) << "element " << i << ", chunks of " << chunk_blocks;
+  }
+}
