@@ -30,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
@@ -46,28 +48,35 @@ WORKLOADS = {
 }
 
 
-def worker(model_dir: str, workload: dict) -> None:
-    """Runs in a child process: prints one JSON line of figures."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+def requests(llm: Any, workload: dict) -> tuple[Callable[[], list], Any]:
+    """The workload's prompts (a new set per call: the same lengths, new token ids, so that
+    vLLM's prefix cache cannot serve a pass's prompts from an earlier one, or the pass would
+    time decoding alone) and its sampling parameters."""
     import torch
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from torch_pjrt.bench import time_call
-
-    # Each call ends when its work has reached the host: nothing left to wait for (None).
-    llm, start_up = time_call(lambda: LLM(model=model_dir, disable_log_stats=False, **workload["engine"]), None)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     g = torch.Generator().manual_seed(0)
     shortest, longest = workload["prompts"]
     lengths = torch.randint(shortest, longest + 1, (workload["requests"],), generator=g).tolist()
 
     def fresh_prompts() -> list:
-        # New token ids each pass (same lengths): vLLM's prefix cache must not serve a pass's
-        # prompts from an earlier one, or the pass would time decoding alone.
         return [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
 
-    params = SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
+    return fresh_prompts, SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
+
+
+def worker(model_dir: str, workload: dict) -> None:
+    """Runs in a child process: prints one JSON line of figures."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from vllm import LLM
+
+    from torch_pjrt.bench import time_call
+
+    # Each call ends when its work has reached the host: nothing left to wait for (None).
+    llm, start_up = time_call(lambda: LLM(model=model_dir, disable_log_stats=False, **workload["engine"]), None)
+    fresh_prompts, params = requests(llm, workload)
     llm.generate(fresh_prompts(), params, use_tqdm=False)  # warm-up pass
 
     compiles = None

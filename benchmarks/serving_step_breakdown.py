@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,26 +22,26 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
+from torch_pjrt.bench import time_call  # noqa: E402
+
 
 def _timed(totals: dict[str, float], calls: collections.Counter, owner: type, name: str) -> None:
     inner: Callable[..., Any] = getattr(owner, name)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        start = time.perf_counter()
-        try:
-            return inner(*args, **kwargs)
-        finally:
-            totals[f"{owner.__name__}.{name}"] += time.perf_counter() - start
-            calls[f"{owner.__name__}.{name}"] += 1
+        # Each function's work has reached the host when it returns (the step's logits are
+        # copied back inside it): nothing to wait for (None).
+        out, seconds = time_call(lambda: inner(*args, **kwargs), None)
+        totals[f"{owner.__name__}.{name}"] += seconds
+        calls[f"{owner.__name__}.{name}"] += 1
+        return out
 
     setattr(owner, name, wrapper)
 
 
 def worker(model_dir: str, kind: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    import torch
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.engine.core import EngineCore
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
@@ -64,22 +63,12 @@ def worker(model_dir: str, kind: str) -> None:
         _timed(totals, calls, attention.PjrtAttentionMetadataBuilder, "build")
     workload = bench_serving.WORKLOADS[kind]
     llm = LLM(model=model_dir, **workload["engine"])
-    vocab = llm.llm_engine.model_config.get_vocab_size()
-    g = torch.Generator().manual_seed(0)
-    shortest, longest = workload["prompts"]
-    lengths = torch.randint(shortest, longest + 1, (workload["requests"],), generator=g).tolist()
-
-    def prompts() -> list:
-        return [TokensPrompt(prompt_token_ids=torch.randint(2, vocab, (n,), generator=g).tolist()) for n in lengths]
-
-    params = SamplingParams(max_tokens=workload["max_tokens"], temperature=0.0, ignore_eos=True)
+    prompts, params = bench_serving.requests(llm, workload)
     llm.generate(prompts(), params, use_tqdm=False)  # warm-up pass
     totals.clear()
     calls.clear()
-    start = time.perf_counter()
-    for _ in range(workload["repeats"]):
-        llm.generate(prompts(), params, use_tqdm=False)
-    elapsed = time.perf_counter() - start
+    _, elapsed = time_call(lambda: [llm.generate(prompts(), params, use_tqdm=False)
+                                    for _ in range(workload["repeats"])], None)
     steps = calls["EngineCore.step"]
     print(f"vLLM {target}: {elapsed:.2f} s for {workload['repeats']} passes, {steps} engine steps, "
           f"{elapsed / steps * 1e3:.2f} ms a step")
