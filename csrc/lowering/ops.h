@@ -93,9 +93,10 @@ Value index_out_of_range(Builder& b, Value index, int64_t size);
 Value wrap_index(Builder& b, Value index, int64_t size);
 // Updates that keep x unchanged when an index is out of range, as ATen does by raising before it
 // writes (here the error comes at the next sync): indices are clamped into range and, when one
-// was bad, every update writes back the element it would replace or adds -0. That costs the update, not a pass over x, so a small write into a
-// large tensor (a KV cache) stays small and can run in place. The out-of-range condition (i1[],
-// for the sync-time error) goes to `bad`: one per index for index_put, one for scatter.
+// was bad, every update writes back the element it would replace or adds -0. That costs the
+// update, not a pass over x, so a small write into a large tensor (a KV cache) stays small and
+// can run in place. The out-of-range condition (i1[], for the sync-time error) goes to `bad`:
+// one per index for index_put, one for scatter.
 Value guarded_index_put(Builder& b, Value x, const std::vector<Value>& indices, Value values, bool accumulate,
                         std::vector<Value>* bad);
 // scatter with reduce "" (overwrite) or "add".
