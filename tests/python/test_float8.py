@@ -115,21 +115,28 @@ def test_scaled_mm_matches_float64_and_cpu(dev: torch.device, out_dtype: torch.d
     assert ((want.double() - exact).abs() <= bound).all()  # the bound holds for the CPU too
 
 
-def test_scaled_mm_with_a_float8_result_scales_and_saturates_as_cpu(dev: torch.device) -> None:
+def test_scaled_mm_with_a_float8_result_scales_and_saturates(dev: torch.device) -> None:
+    # The reference is the exact product, scaled and converted as torch's casts do (e4m3fn
+    # saturating; a value in range converts the same on every path). Not CPU's own
+    # _scaled_mm: on CPUs with AVX512-FP16 it goes through oneDNN, whose e4m3fn result
+    # overflows to NaN, while its emulated path (other CPUs) and cuBLASLt saturate.
     a = torch.full((4, 8), 16.0).to(torch.float8_e4m3fn)
     b = torch.full((8, 4), 8.0).to(torch.float8_e4m3fn)
-    one, result_scale = torch.tensor(1.0), torch.tensor(0.25)
-    for scale_result in (None, result_scale):  # 1024 (saturates to 448), then 1024 / 0.25
-        got = torch._scaled_mm(a.to(dev), b.to(dev), one.to(dev), one.to(dev),
-                               scale_result=None if scale_result is None else scale_result.to(dev))
-        want = torch._scaled_mm(a, b, one, one, scale_result=scale_result)
-        assert got.dtype == torch.float8_e4m3fn
-        assert _bits(got) == _bits(want)
-    half = torch.tensor(0.5)
-    got = torch._scaled_mm(a.to(dev), b.to(dev), half.to(dev), half.to(dev), scale_result=torch.tensor(2.0).to(dev),
-                           out_dtype=torch.float8_e5m2)
-    assert _bits(got) == _bits(torch._scaled_mm(a, b, half, half, scale_result=torch.tensor(2.0),
-                                                out_dtype=torch.float8_e5m2))
+    exact = a.double() @ b.double()  # 1024 everywhere
+    one = torch.tensor(1.0)
+    for scale_result, out_dtype, scale in ((None, torch.float8_e4m3fn, 1.0),  # 1024: saturates to 448
+                                           (0.25, torch.float8_e4m3fn, 1.0),  # 4096: saturates
+                                           (4.0, torch.float8_e4m3fn, 1.0),  # 256: in range
+                                           (2.0, torch.float8_e5m2, 0.5),  # 128: in range
+                                           (2.0 ** -7, torch.float8_e5m2, 1.0)):  # 2 ** 17: e5m2 overflows to inf
+        s = torch.tensor(scale)
+        got = torch._scaled_mm(a.to(dev), b.to(dev), s.to(dev), s.to(dev), out_dtype=out_dtype,
+                               scale_result=None if scale_result is None else torch.tensor(scale_result).to(dev))
+        value = exact * scale * scale / (1.0 if scale_result is None else scale_result)
+        if out_dtype == torch.float8_e4m3fn:
+            value = value.clamp(-448.0, 448.0)
+        assert got.dtype == out_dtype
+        assert _bits(got) == _bits(value.to(out_dtype)), (scale_result, out_dtype)
 
 
 def test_scaled_mm_bad_input_raises_as_the_cpu_does(dev: torch.device) -> None:
