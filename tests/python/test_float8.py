@@ -123,7 +123,6 @@ def test_scaled_mm_with_a_float8_result_scales_and_saturates(dev: torch.device) 
     a = torch.full((4, 8), 16.0).to(torch.float8_e4m3fn)
     b = torch.full((8, 4), 8.0).to(torch.float8_e4m3fn)
     exact = a.double() @ b.double()  # 1024 everywhere
-    one = torch.tensor(1.0)
     for scale_result, out_dtype, scale in ((None, torch.float8_e4m3fn, 1.0),  # 1024: saturates to 448
                                            (0.25, torch.float8_e4m3fn, 1.0),  # 4096: saturates
                                            (4.0, torch.float8_e4m3fn, 1.0),  # 256: in range
