@@ -6,6 +6,7 @@
 #include <ATen/native/ReduceOpsUtils.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TypeProperties.h>
+#include <ATen/ops/isclose_native.h>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -632,6 +633,35 @@ Tensor& linear_combination_out(const Tensor& input, const Tensor& coefficients, 
   return write_out("_compute_linear_combination", linear_combination(input, coefficients), out);
 }
 
+// isclose as one program (ATen's composite records about ten ops, each its own program in
+// strict mode, for every shape it meets: the comparisons of tests and training loops).
+// Native for float32/float64 pairs on the device, where each step below rounds exactly as
+// ATen's composite does (|rtol * other| keeps the product and the sum apart, so no fused
+// multiply-add); other dtypes and mixed devices take the composite.
+at::Tensor isclose_fn(const at::Tensor& self, const at::Tensor& other, double rtol, double atol, bool equal_nan) {
+  const at::ScalarType t = self.scalar_type();
+  if (t != other.scalar_type() || (t != at::kFloat && t != at::kDouble) || !other.device().is_privateuseone() ||
+      rtol < 0 || atol < 0) {
+    return at::native::isclose(self, other, rtol, atol, equal_nan);  // its checks and messages too
+  }
+  OpBuilder op("aten::isclose");
+  auto& b = op.b();
+  Value x = op.input(self), y = op.input(other);
+  const auto shape = ir::broadcast_shapes(b.dims(x), b.dims(y));
+  x = b.broadcast_to(x, shape);
+  y = b.broadcast_to(y, shape);
+  auto either = [&](Value p, Value q) { return b.select(p, p, q); };
+  auto both = [&](Value p, Value q) { return b.select(p, q, p); };
+  Value close = b.compare(x, y, "EQ");
+  if (equal_nan) close = either(close, both(b.compare(x, x, "NE"), b.compare(y, y, "NE")));
+  if (rtol != 0 || atol != 0) {
+    Value allowed = b.binary("add", b.scalar_like(x, atol), b.unary("abs", b.binary("multiply", b.scalar_like(y, rtol), y)));
+    Value actual = b.unary("abs", b.binary("subtract", x, y));
+    close = either(close, both(b.compare(actual, b.scalar_like(actual, INFINITY), "LT"), b.compare(actual, allowed, "LE")));
+  }
+  return finish(op, close, at::kBool, nullptr, op.pointwise_layout(static_cast<int64_t>(shape.size())));
+}
+
 at::Tensor round_decimals_fn(const at::Tensor& s, int64_t d) { return round_decimals_impl(s, d, nullptr); }
 
 }  // namespace
@@ -658,6 +688,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   REG_ONE_SIDED_CLAMP(clamp_max)
 #undef REG_ONE_SIDED_CLAMP
   m.impl("_efficientzerotensor", efficient_zero_tensor);
+  m.impl("isclose", isclose_fn);
   m.impl("logit_", logit_inplace);
   m.impl("heaviside", heaviside_fn);
   m.impl("heaviside_", heaviside_inplace);

@@ -440,3 +440,27 @@ def test_compiled_view_of_a_transposed_pointwise_result(dev: torch.device) -> No
     x, w = torch.randn(2, 8, 16), torch.randn(16, 4)
     got = torch.compile(step, backend="pjrt")(x.to(dev), w.to(dev))
     torch.testing.assert_close(got.cpu(), step(x, w), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_isclose_equals_cpu_on_special_values_and_is_one_program(dev: torch.device, dtype: torch.dtype) -> None:
+    import itertools
+
+    # Every pair of signed zeros, near-equal values, NaN, infinities and a value of
+    # atol's size (no float32 subnormals: XLA's CPU code flushes them to zero).
+    values = torch.tensor([0.0, -0.0, 1.0, 1 + 1e-6, 1 + 1e-5, float("nan"), float("inf"), -float("inf"), 3.0, -3.0,
+                           1e30, 2.5e-8], dtype=dtype)
+    a, b = values[:, None].expand(12, 12), values[None, :].expand(12, 12)
+    for rtol, atol, equal_nan in itertools.product((0.0, 1e-5, 0.5), (0.0, 1e-8, 1.0, float("inf")), (False, True)):
+        got = torch.isclose(a.to(dev), b.to(dev), rtol=rtol, atol=atol, equal_nan=equal_nan)
+        assert got.device == dev and got.dtype == torch.bool
+        assert torch.equal(got.cpu(), torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=equal_nan)), (rtol, atol)
+    x = torch.randn(5, 1, 7, dtype=dtype)
+    y = x + torch.randn(4, 1, dtype=dtype) * 1e-6  # broadcast
+    before = torch_pjrt.metrics()["compiles"]
+    assert torch.equal(torch.isclose(x.to(dev), y.to(dev)).cpu(), torch.isclose(x, y))
+    assert torch_pjrt.metrics()["compiles"] - before <= 1  # ATen's composite: about ten programs
+    with pytest.raises(RuntimeError, match="rtol must be greater than or equal to zero"):
+        torch.isclose(x.to(dev), y.to(dev), rtol=-1.0)
+    with pytest.raises(RuntimeError, match="did not match"):
+        torch.isclose(x.to(dev), y.to(dev).float() if dtype == torch.float64 else y.to(dev).double())
