@@ -95,7 +95,7 @@ FUSED=""
 for t in ops ops_extra checks_as_cpu out_variants nn rnn complex linalg layouts special compat indexing views foreach rng training models hf pretrained autocast serialization errors device_module stacks_hf graphs float8 paged_attention; do
   FUSED="$FUSED tests/python/test_$t.py"
 done
-PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15)
+PYTEST=(.venv/bin/python -m pytest -q -p no:cacheprovider --durations=30)
 section "Four jobs side by side (logs: $LOGS)"
 job qualify-packaging-upstream-stacks qualify_packaging_upstream_stacks
 # shellcheck disable=SC2086

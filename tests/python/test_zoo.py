@@ -3,8 +3,9 @@ tiny random configs, forward and backward in strict or fused mode on pjrt, every
 gradient within its bound of float64 and no CPU fallback; and unit tests of its parts (the
 config shrinker, the inputs, the judge, the worker pool, the report) that need no device.
 
-The sample runs one worker process per architecture (its mode, or both, in it), two at a time,
-started once for the session by the `zoo` fixture for the architectures selected."""
+The sample runs in two worker processes, each serving architectures one after another (its
+mode, or both, in each), started once for the session by the `zoo` fixture for the
+architectures selected."""
 
 from __future__ import annotations
 
@@ -236,7 +237,7 @@ def test_objective_weights_are_fixed_per_output() -> None:
 
 
 def _fake(script: str) -> pool.Command:
-    return lambda model_type, modes: [sys.executable, "-c", script]
+    return lambda: [sys.executable, "-c", script]
 
 
 REFERENCE = json.dumps({"event": "reference", "params": 1, "cpu_seconds": 0.1})
@@ -257,6 +258,37 @@ def test_pool_records_crash_and_timeout(tmp_path: pytest.TempPathFactory) -> Non
     assert rec["status"] == judge.CPU_FAILS  # died before its CPU reference: excluded, not charged to pjrt
     rec = pool.run_one("diffusers/Fake", ["strict"], 60, log_dir=str(tmp_path), command=cpu_crash)
     assert os.path.exists(os.path.join(str(tmp_path), "diffusers__Fake.log"))  # a type with a slash: one file
+
+
+SERVER = """
+import json, os, signal, sys, time
+for line in sys.stdin:
+    t = json.loads(line)["type"]
+    print(json.dumps({"event": "reference", "params": 1, "cpu_seconds": 0.1}), flush=True)
+    if t == "boom":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if t == "slow":
+        time.sleep(60)
+    print(json.dumps({"event": "done", "record": {"type": t, "status": "ran", "modes": {}, "pid": os.getpid()}}),
+          flush=True)
+"""
+
+
+def test_a_worker_serves_architectures_until_it_dies_overruns_or_is_recycled(
+        tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pool, "TYPES_PER_WORKER", 2)
+    seen: list[str] = []
+    recs = pool.run_all(["a", "b", "c", "boom", "d", "slow", "e"], ["strict"], 3, 1,
+                        lambda rec, finished, total: seen.append(f"{finished}/{total}"), log_dir=str(tmp_path),
+                        command=_fake(SERVER))
+    by = {r["type"]: r for r in recs}
+    assert seen == [f"{i}/7" for i in range(1, 8)]
+    assert by["a"]["pid"] == by["b"]["pid"] != by["c"]["pid"]  # recycled after two
+    assert by["boom"]["modes"]["strict"]["status"] == judge.CRASH and "SIGSEGV" in by["boom"]["modes"]["strict"]["detail"]
+    assert by["slow"]["modes"]["strict"]["status"] == judge.TIMEOUT
+    pids = [by[t]["pid"] for t in ("c", "d", "e")]
+    assert len(set(pids)) == 3  # a fresh worker after the crash and after the timeout
+    assert all(r["seconds"] < 30 for r in recs)
 
 
 def test_results_resume_and_report(tmp_path: pytest.TempPathFactory) -> None:

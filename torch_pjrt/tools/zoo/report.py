@@ -202,8 +202,8 @@ def render(records: dict[str, Record], env: Environment, catalog_size: int, plan
     w.append("## Architectures")
     w.append("")
     w.append("Worst error/bound over every output and gradient of every mode (< 1 passes) and where; compile s "
-             f"per mode ({' / '.join(modes)}; ⚠ over {COMPILE_OUTLIER_S:.0f} s); time: the worker's wall seconds "
-             "(imports, CPU references and every mode).")
+             f"per mode ({' / '.join(modes)}; ⚠ over {COMPILE_OUTLIER_S:.0f} s); time: the architecture's wall "
+             "seconds in its worker (CPU references and every mode; the first in a worker also pays its imports).")
     w.append("")
     w.append("| type | class | " + " | ".join(modes) + " | worst error/bound | fallen-back ops | compile s | time s |")
     w.append("| --- | --- | " + " | ".join("---" for _ in modes) + " | --- | --- | ---: | ---: |")

@@ -1,10 +1,17 @@
-"""One architecture in this process: python -m torch_pjrt.tools.zoo.worker TYPE --modes strict,fused
+"""Architectures in this process, one after another.
 
-Prints one JSON line per phase as it ends, so that a crash or a timeout still leaves
-what finished: {"event": "reference", ...} after the CPU runs (or {"event":
+    python -m torch_pjrt.tools.zoo.worker TYPE --modes strict,fused   # one, then exit
+    python -m torch_pjrt.tools.zoo.worker --serve                     # requests on stdin
+
+Each architecture prints one JSON line per phase as it ends, so that a crash or a timeout
+still leaves what finished: {"event": "reference", ...} after the CPU runs (or {"event":
 "excluded", ...} when the architecture does not build or run on the CPU), {"event":
 "mode", ...} per pjrt mode, and last {"event": "done", "record": {...}}, the whole
-record (results.py).
+record (results.py). With --serve, each stdin line is a request {"type": ..., "modes":
+[...], "log": path}: the worker moves its stderr to `log` and runs the architecture;
+it exits at the end of its input. One process serves many architectures so that
+torch's, transformers' and the models' imports are paid once per worker, not per
+architecture (pool.py restarts a worker that dies or overruns).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import copy  # noqa: E402
+import gc  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -134,20 +142,10 @@ def run_mode(mode: str, model: torch.nn.Module, x: dict[str, Any], r32: execute.
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torch_pjrt.tools.zoo.worker")
-    p.add_argument("model_type")
-    p.add_argument("--modes", default="strict,fused")
-    args = p.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
-    unknown = sorted(set(modes) - set(MODES))
-    if unknown:
-        p.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+def run_type(model_type: str, modes: list[str]) -> None:
+    """One architecture: its CPU references, then each pjrt mode; events on stdout."""
     start = time.perf_counter()
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.set_verbosity_error()
-    entry = catalog.entry(args.model_type)
+    entry = catalog.entry(model_type)
     record: dict[str, Any] = {"type": entry.model_type, "class": entry.model_class, "head": entry.head,
                               "base": entry.base_class, "config_class": entry.config_class}
     info, ref = reference(entry)
@@ -165,10 +163,50 @@ def main(argv: list[str] | None = None) -> int:
             result = run_mode(mode, model, x, r32, r64)
             emit(result)
             record["modes"][mode] = {k: v for k, v in result.items() if k not in ("event", "mode")}
+        del model, x, r32, r64, ref
     record["seconds"] = round(time.perf_counter() - start, 3)
     emit({"event": "done", "record": record})
-    return 0
+    gc.collect()  # the next architecture starts with this one's tensors freed
 
+
+def _stderr_to(path: str) -> None:
+    """This process's stderr (Python's and native code's) now goes to `path`."""
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def serve() -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if request.get("log"):
+            _stderr_to(request["log"])
+        run_type(request["type"], list(request["modes"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_pjrt.tools.zoo.worker")
+    p.add_argument("model_type", nargs="?")
+    p.add_argument("--modes", default="strict,fused")
+    p.add_argument("--serve", action="store_true", help="run the architectures requested on stdin")
+    args = p.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown:
+        p.error(f"unknown mode(s) {unknown}; choose from {list(MODES)}")
+    if args.serve == (args.model_type is not None):
+        p.error("name one architecture, or --serve")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    if args.serve:
+        serve()
+    else:
+        run_type(args.model_type, modes)
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
