@@ -109,7 +109,7 @@ def test_a_non_strict_entry_counts_a_pass_as_a_pass(tmp_path: Path) -> None:
 
 def test_a_sample_runs_every_pjrt_expected_failure_and_says_it_is_a_sample(tmp_path: Path) -> None:
     # Collection order: add, fails_everywhere, known_gap, skipped. A sample of 1 takes the
-    # first test (add) and every failure the spec expects on pjrt alone (known_gap), not
+    # first test (add) and every failure the spec strictly expects on pjrt alone (known_gap), not
     # one that fails on the CPU too (fails_everywhere: the full run has it).
     code, out = _run(tmp_path, "3.0", SPEC, "--sample", "1")
     report = (tmp_path / "report.md").read_text()
@@ -117,6 +117,21 @@ def test_a_sample_runs_every_pjrt_expected_failure_and_says_it_is_a_sample(tmp_p
     code, out = _run(tmp_path, "3.0", SPEC, "--sample", "test_other.py=2")  # other files sampled: this one whole
     report = (tmp_path / "report.md").read_text()
     assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report
+
+
+def test_a_sample_leaves_entries_that_cannot_fail_the_run_to_the_full_run(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch_pjrt.tools.upstream import plugin
+
+    spec = SPEC + ('"TestTinyPRIVATEUSE1::test_loose_pjrt" = { expect = "fail", strict = false, '
+                   'reason = "depends on the CPU\'s kernels" }\n')
+    (tmp_path / "spec.toml").write_text(spec)
+    monkeypatch.setenv("TORCH_PJRT_UPSTREAM_SPEC", str(tmp_path / "spec.toml"))
+    ids = [f"TestTinyPRIVATEUSE1::test_{name}_pjrt" for name in ("add", "fails_everywhere", "known_gap", "loose")]
+    # The first test (evenly spread, 1 of 4) and the strict failure on pjrt alone; not the one
+    # failing on the CPU too, nor the non-strict one (a pass or a failure both leave the run green).
+    assert plugin._sample(ids, 1, "test_tiny.py") == [ids[0], ids[2]]
+    assert plugin._sample(ids, 4, "test_tiny.py") == ids  # every test where the sample is the whole file
 
 
 def test_a_process_that_dies_is_charged_to_its_test_and_the_rest_still_run(tmp_path: Path) -> None:

@@ -13,8 +13,9 @@ outcomes come from. A process that dies is charged to the test it was running an
 rest go on in a new one.
 
 --sample N runs a fixed, evenly spread sample of N tests per file plus every test
-the spec expects to fail on pjrt alone (the CI slice; those failing on the CPU too are left
-to the full run); --sample F=N,... samples only the files named
+the spec strictly expects to fail on pjrt alone (the CI slice; those failing on the CPU too,
+and non-strict entries, which cannot fail a run, are left to the full run); --sample F=N,...
+samples only the files named
 and runs the others whole; without it every test runs. The report says, per file,
 whether every test ran or a sample.
 """
@@ -287,7 +288,7 @@ def main() -> None:
     parser.add_argument("directories", nargs="+", metavar="directory",
                         help="directories of PyTorch test files (e.g. ../shared/upstream ../shared/upstream-next)")
     parser.add_argument("--files", help="comma-separated file names (default: every test_*.py there)")
-    parser.add_argument("--sample", help="N: tests per file, evenly spread, plus every failure expected on pjrt alone; "
+    parser.add_argument("--sample", help="N: tests per file, evenly spread, plus every strict failure expected on pjrt alone; "
                         "F=N,...: sample only those files")
     parser.add_argument("--timeout", type=float, default=5400, help="seconds per file")
     parser.add_argument("--jobs", type=int, default=1, help="pytest processes per file, run side by side")
