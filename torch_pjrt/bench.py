@@ -34,6 +34,7 @@ import torch._dynamo
 
 import torch_pjrt
 from torch_pjrt import device_module
+from torch_pjrt._host import cpu_description
 
 T = TypeVar("T")
 Step = Callable[[], object]
@@ -298,7 +299,7 @@ def environment() -> dict[str, Any]:
         "torch": torch.__version__,
         "pjrt_platform": torch_pjrt.platform()["platform"],
         "torch_threads": torch.get_num_threads(),
-        "cpu_count": os.cpu_count(),
+        "cpu": cpu_description(),
         "load_average": round(os.getloadavg()[0], 2),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
     }

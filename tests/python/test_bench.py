@@ -4,6 +4,7 @@ CPU fallbacks and mixed precisions during timing flagged; the reports written.""
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 
@@ -104,6 +105,7 @@ def test_reports_are_written(tmp_path) -> None:
     data = json.loads((tmp_path / "r.json").read_text())
     assert [r["target"]["name"] for r in data["results"]] == ["pjrt strict", "cpu eager"]
     assert len(data["results"][0]["times_ms"]) == 3 and "torch" in data["environment"]
+    assert f"{os.cpu_count()} cores" in data["environment"]["cpu"]  # which CPU: its kernels shape the numbers
     bench.plot(results, str(tmp_path / "r.png"))  # matplotlib is installed by scripts/setup.sh
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

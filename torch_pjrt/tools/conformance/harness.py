@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform as _platform
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..._host import cpu_description
 from . import opsel, settings
 from .records import PHASES, OpInfoMeta, OpRun, SampleResult
 from .summary import OpSummary, dispatcher_native_ops, summarize
@@ -123,7 +123,7 @@ def run(
         "commit": _git_commit(repo_root()),
         "platform": f"{plat.get('platform')} (platform version {plat.get('platform_version')}, PJRT C API "
                     f"{plat.get('pjrt_c_api')}, {', '.join(map(str, plat.get('attributes', [])))})",
-        "machine": f"{os.cpu_count()} CPU cores ({_platform.machine()})",
+        "machine": cpu_description(),
         "ops_patterns": list(patterns or []),
         "dtypes": dtype_names,
         "phases": list(phases),

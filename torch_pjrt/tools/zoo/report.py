@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
+from ..._host import cpu_description
 from . import judge
 from .diffusers_models import is_diffusers
 from .results import RAN, Record
@@ -52,7 +53,7 @@ def environment(command: str) -> Environment:
     versions = {"python": platform.python_version(), "torch": _version("torch"),
                 "transformers": _version("transformers"), "diffusers": _version("diffusers"), "torch_pjrt": f"{_version('torch_pjrt')} (commit {_commit()})",
                 "plugin": os.environ.get("TORCH_PJRT_PLUGIN", "cpu") + f" (fastatomstruct-xla-cpu "
-                f"{_version('fastatomstruct-xla-cpu')})"}
+                f"{_version('fastatomstruct-xla-cpu')})", "host": cpu_description()}
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return Environment(command, date, versions)
 
