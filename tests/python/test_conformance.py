@@ -92,8 +92,9 @@ def test_worker_crash_and_timeout_are_recorded(monkeypatch: pytest.MonkeyPatch) 
     """A dying worker is an op's 'crashed' record (later dtypes resume in a fresh worker); a hang a 'timeout'."""
     monkeypatch.setenv("TORCH_PJRT_CONFORMANCE_CRASH_AT", "neg:bfloat16")
     monkeypatch.setenv("TORCH_PJRT_CONFORMANCE_HANG_AT", "abs:float32")
-    outcome = harness.run(["neg", "abs", "sub"], dtypes=["float32", "bfloat16", "int64"], phases=["forward"],
-                          max_samples_float32=1, max_samples_other=1, op_time_limit_s=10)
+    # The hang comes last: no worker is started after it, as there is nothing left to run.
+    outcome = harness.run(["neg", "sub", "abs"], dtypes=["float32", "bfloat16", "int64"], phases=["forward"],
+                          max_samples_float32=1, max_samples_other=1, op_time_limit_s=6)
     by_op = {s.op: s for s in outcome.summaries}
     neg, abs_, sub = by_op["neg"], by_op["abs"], by_op["sub"]
     assert neg.status == summary.CRASHED

@@ -147,7 +147,10 @@ def _trl_run(kind: str, tmp: Path, on_cpu: bool, dtype: torch.dtype,
     losses: list[torch.Tensor] = []
     compute_loss = trainer.compute_loss
 
+    lengths: list[int] = []
+
     def recording(*args: Any, **kwargs: Any) -> Any:
+        lengths.append(int((kwargs.get("inputs") or args[1])["input_ids"].shape[-1]))
         out = compute_loss(*args, **kwargs)
         loss = out[0] if isinstance(out, tuple) else out
         losses.append(loss.detach().to("cpu", torch.float64, copy=True).reshape(()))
@@ -162,6 +165,13 @@ def _trl_run(kind: str, tmp: Path, on_cpu: bool, dtype: torch.dtype,
         with torch_pjrt.fallback_mode("error"):
             trainer.train()
     assert len(record.params) == STEPS and len(losses) == STEPS, (len(record.params), len(losses))
+    # pad_to_multiple_of="auto" pads on pjrt (torch_pjrt.integrations.trl): every batch one length, one
+    # set of programs; on the CPU batches keep their own lengths.
+    max_length = trainer.args.max_length
+    if on_cpu:
+        assert trainer.args.pad_to_multiple_of is None and len(set(lengths)) > 1, lengths
+    else:
+        assert trainer.args.pad_to_multiple_of == max_length and set(lengths) == {max_length}, lengths
     return losses, record
 
 
@@ -178,3 +188,13 @@ def test_trl_with_lora_tracks_the_cpu_float64_run(kind: str, tmp_path: Path) -> 
                           ("parameter", got.params, exact.params, cpu32.params)):
         ratio, where = hf_stack.worst_ratio(g, e, f)
         assert ratio <= 1.0, f"{kind} {what}: {ratio:.2f}x the allowed distance to float64 at {where}"
+
+
+def test_an_explicit_pad_to_multiple_of_is_kept_on_pjrt(tmp_path: Path) -> None:
+    from torch_pjrt.integrations import trl as trl_patch
+
+    assert "trl.pad_to_multiple_of.SFTConfig" in torch_pjrt.integrations.applied(), torch_pjrt.integrations.skipped()
+    for given, want in ((None, None), (8, 8), ("auto", trl_patch.padding_multiple(1024))):
+        config = trl.SFTConfig(output_dir=str(tmp_path), report_to=[], max_length=1024, pad_to_multiple_of=given)
+        assert config.device.type == DEVICE and config.pad_to_multiple_of == want, (given, config.pad_to_multiple_of)
+    assert trl_patch.padding_multiple(1024) == 128 and trl_patch.padding_multiple(32) == 32

@@ -159,6 +159,7 @@ class Worker:
             os.close(self.fd)
         self.fd = -1
         self.proc = None
+        self.ready = False
         return code
 
 
@@ -201,6 +202,8 @@ class Supervisor:
         try:
             while queue or any(w.job is not None for w in workers):
                 for w in workers:
+                    if w.proc is None and queue:  # a replacement starts only when there is work for it
+                        w.start()
                     if w.ready and w.job is None and queue:
                         if w.ops_done >= self.options.ops_per_worker:
                             w.stop()
@@ -234,7 +237,6 @@ class Supervisor:
                                 finished += done
                                 if done:  # else it resumes with its later dtypes and reports when done
                                     self._report(w, finished, total, op=self._last_op)
-                            w.start()
                     elif time.monotonic() >= w.deadline:
                         if w.job is not None:
                             w.stop(kill=True)
@@ -246,7 +248,6 @@ class Supervisor:
                             failed_starts += 1
                             if failed_starts >= 6:
                                 raise RuntimeError("conformance worker did not start within 120 s")
-                        w.start()
         finally:
             for w in workers:
                 w.stop(kill=w.job is not None)
