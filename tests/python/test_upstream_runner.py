@@ -136,14 +136,12 @@ def test_a_sample_runs_every_pjrt_expected_failure_and_says_it_is_a_sample(runne
     assert code == 0 and "| test_tiny.py | all | 1 | 0 | 0 | 1 | 2 (1) |" in report, out + report
 
 
-def test_a_sample_leaves_entries_that_cannot_fail_the_run_to_the_full_run(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_sample_leaves_entries_that_cannot_fail_the_run_to_the_full_run(tmp_path: Path) -> None:
     from torch_pjrt.tools.upstream import plugin
 
     spec = SPEC + ('"TestTinyPRIVATEUSE1::test_loose_pjrt" = { expect = "fail", strict = false, '
                    'reason = "depends on the CPU\'s kernels" }\n')
-    (tmp_path / "spec.toml").write_text(spec)
-    monkeypatch.setenv("TORCH_PJRT_UPSTREAM_SPEC", str(tmp_path / "spec.toml"))
+    (tmp_path / "spec.toml").write_text(spec)  # (the autouse fixture points the runner at it)
     ids = [f"TestTinyPRIVATEUSE1::test_{name}_pjrt" for name in ("add", "fails_everywhere", "known_gap", "loose")]
     # The first test (evenly spread, 1 of 4) and the strict failure on pjrt alone; not the one
     # failing on the CPU too, nor the non-strict one (a pass or a failure both leave the run green).

@@ -206,8 +206,7 @@ class Supervisor:
                         w.start()
                     if w.ready and w.job is None and queue:
                         if w.ops_done >= self.options.ops_per_worker:
-                            w.stop()
-                            w.start()
+                            w.stop()  # recycled: started again, as any replacement, at the loop's top
                             continue
                         w.send(queue.popleft(), self.options)
                 live = [w for w in workers if w.proc is not None]
