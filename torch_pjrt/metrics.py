@@ -10,7 +10,9 @@ from . import _C, recompiles
 def metrics() -> dict[str, Any]:
     m = dict(_C._metrics())
     m["compiled"] = recompiles.compiled_stats()  # per torch.compile'd function
-    m["distributed"] = dict(_C._transport_stats())  # collectives by transport, bytes through the host
+    # Collectives by transport (one captured into a torch.compile program counts once, when
+    # captured), the bytes moved through the host, and the collective runs inside programs.
+    m["distributed"] = {**_C._transport_stats(), "in_programs": m.pop("collectives_in_programs")}
     return m
 
 

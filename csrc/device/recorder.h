@@ -73,6 +73,13 @@ class OpBuilder {
   // transposed result, as torch.compile's fake tensors expect).
   Layout pointwise_layout(int64_t rank) const;
 
+  // The op is a collective among the devices of a group (global ids, in replica order):
+  // the program it lands in runs as one replica per device (only while capturing).
+  void set_collective(const std::vector<int64_t>& devices) {
+    frag_.replica_devices = devices;
+    ++frag_.collectives;
+  }
+
   // Records the op; in strict and debug modes it also runs.
   void run();
 

@@ -629,6 +629,11 @@ void ProcessGroupPjrt::agree(const Signature& sig) {
   }
 }
 
+void ProcessGroupPjrt::prepare(const std::vector<at::Tensor>& tensors) {
+  if (!tensors.empty() && tensors[0].defined() && transport_->in_program(tensors[0])) return;
+  flush_pending(tensors);
+}
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::done(std::vector<at::Tensor> outputs, c10d::OpType type) {
   count_collective(transport_->name());
   std::vector<c10::Device> devices;
@@ -659,7 +664,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::broadcast(std::vector<at::Tenso
   check_tensors("broadcast", tensors, 1);
   check_root("broadcast", opts.rootRank, size_);
   agree({c10d::OpType::BROADCAST, tensors, opts.rootRank});
-  flush_pending(tensors);
+  prepare(tensors);
   transported("broadcast", [&] { return transport_->broadcast(tensors[0], static_cast<int>(opts.rootRank)); });
   return done(tensors, c10d::OpType::BROADCAST);
 }
@@ -669,7 +674,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allreduce(std::vector<at::Tenso
   check_tensors("all_reduce", tensors, 1);
   const RedOp op = base_op("all_reduce", opts.reduceOp, tensors[0].scalar_type());
   agree({c10d::OpType::ALLREDUCE, tensors, -1, opts.reduceOp.op_});
-  flush_pending(tensors);
+  prepare(tensors);
   at::Tensor& t = tensors[0];
   at::Tensor x = premultiplied(opts.reduceOp, t);
   transported("all_reduce", [&] { return transport_->all_reduce(x, op); });
@@ -684,7 +689,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allreduce_coalesced(std::vector
   std::vector<RedOp> ops;
   for (const at::Tensor& t : tensors) ops.push_back(base_op("all_reduce_coalesced", opts.reduceOp, t.scalar_type()));
   agree({c10d::OpType::ALLREDUCE_COALESCED, tensors, -1, opts.reduceOp.op_});
-  flush_pending(tensors);
+  prepare(tensors);
   for (size_t i = 0; i < tensors.size(); ++i) {
     at::Tensor x = premultiplied(opts.reduceOp, tensors[i]);
     transported("all_reduce_coalesced", [&] { return transport_->all_reduce(x, ops[i]); });
@@ -700,7 +705,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::reduce(std::vector<at::Tensor>&
   check_root("reduce", opts.rootRank, size_);
   const RedOp op = base_op("reduce", opts.reduceOp, tensors[0].scalar_type());
   agree({c10d::OpType::REDUCE, tensors, opts.rootRank, opts.reduceOp.op_});
-  flush_pending(tensors);
+  prepare(tensors);
   at::Tensor& t = tensors[0];
   at::Tensor x = premultiplied(opts.reduceOp, t);
   transported("reduce", [&] { return transport_->reduce(x, static_cast<int>(opts.rootRank), op); });
@@ -720,7 +725,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::allgather(std::vector<std::vect
   check_tensors("all_gather", outputs[0]);
   for (const at::Tensor& o : outputs[0]) check_same("all_gather", o, inputs[0], "an output");
   agree({c10d::OpType::ALLGATHER, inputs});
-  flush_pending(inputs);
+  prepare(inputs);
   const at::Tensor& in = inputs[0];
   at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
   transported("all_gather", [&] { return transport_->all_gather(flat, in); });
@@ -735,7 +740,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::_allgather_base(at::Tensor& out
               "pjrt all_gather_into_tensor: the output is ", describe(output.scalar_type(), output.sizes()),
               ", expected ", size_, " times the input ", describe(input.scalar_type(), input.sizes()));
   agree({c10d::OpType::_ALLGATHER_BASE, {input}});
-  flush_pending({input});
+  prepare({input});
   transported("all_gather_into_tensor", [&] { return transport_->all_gather(output, input); });
   return done({output}, c10d::OpType::_ALLGATHER_BASE);
 }
@@ -779,7 +784,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::gather(std::vector<std::vector<
     TORCH_CHECK(outputs.empty() || outputs[0].empty(), "pjrt gather: only the root passes output tensors");
   }
   agree({c10d::OpType::GATHER, inputs, opts.rootRank});
-  flush_pending(inputs);
+  prepare(inputs);
   const at::Tensor& in = inputs[0];
   at::Tensor flat = is_root ? at::empty({size_ * in.numel()}, in.options()) : at::Tensor();
   transported("gather", [&] { return transport_->gather(flat, in, static_cast<int>(opts.rootRank)); });
@@ -804,7 +809,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::scatter(std::vector<at::Tensor>
     TORCH_CHECK(inputs.empty() || inputs[0].empty(), "pjrt scatter: only the root passes input tensors");
   }
   agree({c10d::OpType::SCATTER, outputs, opts.rootRank});
-  flush_pending(outputs);
+  prepare(outputs);
   if (is_root) {
     std::vector<at::Tensor> flattened;
     for (const at::Tensor& i : inputs[0]) flattened.push_back(i.reshape({-1}));
@@ -824,7 +829,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::reduce_scatter(std::vector<at::
   for (const at::Tensor& i : inputs[0]) check_same("reduce_scatter", i, outputs[0], "an input");
   const RedOp op = base_op("reduce_scatter", opts.reduceOp, outputs[0].scalar_type());
   agree({c10d::OpType::REDUCE_SCATTER, outputs, -1, opts.reduceOp.op_});
-  flush_pending(outputs);
+  prepare(outputs);
   std::vector<at::Tensor> flattened;
   for (const at::Tensor& i : inputs[0]) flattened.push_back(i.reshape({-1}));
   at::Tensor in = premultiplied(opts.reduceOp, at::cat(flattened));
@@ -841,7 +846,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::_reduce_scatter_base(at::Tensor
               ", expected ", size_, " times the output ", describe(output.scalar_type(), output.sizes()));
   const RedOp op = base_op("reduce_scatter_tensor", opts.reduceOp, output.scalar_type());
   agree({c10d::OpType::_REDUCE_SCATTER_BASE, {output}, -1, opts.reduceOp.op_});
-  flush_pending({input});
+  prepare({input});
   transported("reduce_scatter_tensor", [&] { return transport_->reduce_scatter(output, premultiplied(opts.reduceOp, input), op); });
   average(opts.reduceOp, output, size_);
   return done({output}, c10d::OpType::_REDUCE_SCATTER_BASE);
@@ -887,7 +892,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::alltoall_base(at::Tensor& outpu
   sig.in_splits = splits(input_splits, input, "input");
   sig.out_splits = splits(output_splits, output, "output");
   agree(sig);
-  flush_pending({input});
+  prepare({input});
   transported("all_to_all_single", [&] { return transport_->all_to_all(output, input, output_splits, input_splits); });
   return done({output}, c10d::OpType::ALLTOALL_BASE);
 }

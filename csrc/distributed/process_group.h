@@ -50,6 +50,9 @@ class Transport {
   // Rows (dim 0) split by the sizes given; empty sizes: equal splits.
   virtual void all_to_all(const at::Tensor& out, const at::Tensor& in, const std::vector<int64_t>& out_splits,
                           const std::vector<int64_t>& in_splits) = 0;
+  // Whether a collective on `t` goes into the program being captured on t's device
+  // (torch.compile) rather than running now: then nothing pending is flushed first.
+  virtual bool in_program(const at::Tensor& /*t*/) { return false; }
   virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) = 0;
   // src < 0: from any rank (Work::sourceRank says which).
   virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, int tag) = 0;
@@ -134,6 +137,9 @@ class ProcessGroupPjrt final : public c10d::Backend {
   struct Signature;
   // Every rank's signature of this call must match (a no-op unless check_).
   void agree(const Signature& sig);
+  // Before a collective on `tensors`: launches what is pending on their devices, unless
+  // the transport records the collective into the program being captured there.
+  void prepare(const std::vector<at::Tensor>& tensors);
   c10::intrusive_ptr<c10d::Work> done(std::vector<at::Tensor> outputs, c10d::OpType type);
   c10::intrusive_ptr<c10d::Work> track(c10::intrusive_ptr<c10d::Work> work);  // kept while coalescing
 

@@ -15,6 +15,7 @@
 #include <stdexcept>
 
 #include "device/context.h"
+#include "device/recorder.h"
 #include "lowering/collectives.h"
 
 namespace torch_pjrt::distributed {
@@ -407,6 +408,13 @@ class XlaTransport final : public Transport {
     for (int r = 0; r < size_; ++r) kept.push_back(got[r].narrow(0, 0, receives[r]));
     out.copy_(at::cat(kept).view(out.sizes()));
   }
+  // While torch.compile captures a graph on this rank's device, the group's collectives
+  // become ops of that program (one replica per member; no program of their own, no
+  // flush): what FSDP2's and DTensor's functional collectives need to stay in one step.
+  bool in_program(const at::Tensor& t) override {
+    return device::capturing() && t.defined() && t.device().is_privateuseone() && t.numel() > 0 &&
+           device::graph_of(t.device().index()).can_record_collective(device_ids_);
+  }
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) override {
     at::Tensor payload = device::to_device(t, local_index_.at(dst), "send");
     if (!payload.defined()) {  // the plugin has no device-to-device copy: through the host
@@ -427,6 +435,7 @@ class XlaTransport final : public Transport {
   at::Tensor run(CollectiveSpec spec, const at::Tensor& input) {
     TORCH_CHECK(input.device().is_privateuseone(), "pjrt: the XLA transport takes pjrt tensors, got one on ",
                 input.device());
+    if (in_program(input)) return record(spec, input);
     at::Tensor dense;
     std::shared_ptr<runtime::Buffer> buffer = device::dense_buffer(input, dense);
     if (!buffer) buffer = device::dense_buffer(at::zeros_like(input, at::MemoryFormat::Contiguous), dense);  // never written
@@ -449,6 +458,28 @@ class XlaTransport final : public Transport {
     device::assign(device::state_of(result), std::shared_ptr<runtime::Buffer>(std::move(outputs.at(0))), {n},
                    spec.dtype);
     return result;
+  }
+
+  // `spec` on `input` as ops of the program being captured; the result is pending there.
+  at::Tensor record(CollectiveSpec spec, const at::Tensor& input) {
+    static const char* const kNames[] = {"c10d::all_reduce", "c10d::all_gather", "c10d::reduce_scatter",
+                                         "c10d::all_to_all"};
+    device::OpBuilder op(kNames[static_cast<int>(spec.kind)]);
+    op.set_device(static_cast<int>(input.device().index()));
+    ir::Value value = op.input(input);
+    spec.dtype = device::to_ir(input.scalar_type());
+    spec.input_dims = input.sizes().vec();
+    spec.replicas = size_;
+    ir::Value result;
+    try {
+      result = lowering::collective(op.b(), value, spec);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, "pjrt: ", e.what());
+    }
+    at::Tensor out = op.output(result, input.scalar_type());
+    op.set_collective(device_ids_);
+    op.run();
+    return out;
   }
 
   static void write(const at::Tensor& target, const at::Tensor& flat) {

@@ -20,6 +20,9 @@ std::string program_label(const std::vector<OpRecord>& ops) {
 }
 
 namespace {
+// Launch ids of captured programs over a group's devices (the XLA transport's own
+// collectives use bits 16-29 without this one).
+constexpr uint32_t kCapturedLaunch = 0x40000000;
 // A program launch as a trace event: from launch until its completion event
 // (on the plugin's thread); nothing when no profiler listens.
 class TracedLaunch {
@@ -158,6 +161,13 @@ std::vector<Check> DeviceGraph::record(Fragment&& f, RecordMode mode) {
                              " writes a storage of device " + std::to_string(r.first->device_index));
     }
   }
+  if (!f.replica_devices.empty()) {
+    if (!capture_ || (!replica_devices_.empty() && replica_devices_ != f.replica_devices)) {
+      throw std::logic_error("pjrt: a collective recorded outside a capture, or beside one over other devices");
+    }
+    replica_devices_ = f.replica_devices;
+    collectives_ += f.collectives;
+  }
   const auto& fparams = f.graph.params();
   bool can_adopt = graph_.empty();
   for (size_t k = 0; can_adopt && k < f.params.size(); ++k) {
@@ -263,6 +273,8 @@ void DeviceGraph::reset_locked() {
   nonfinite_ = Value{};
   ops_.clear();
   head_ = ir::Key();
+  replica_devices_.clear();
+  collectives_ = 0;
 }
 
 void DeviceGraph::flush(FlushReason reason) {
@@ -318,22 +330,27 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
   size_t nonfinite_index = outs.size();
   if (nonfinite_.valid()) outs.push_back(nonfinite_);
   graph_.set_outputs(outs);
+  if (!replica_devices_.empty()) graph_.set_replicas(static_cast<int>(replica_devices_.size()));
   ir::Key key = graph_.key();
   for (auto [p, k] : donated) {
     graph_.set_param_attr(p, "tf.aliasing_output = " + std::to_string(k) + " : i32");
     key.mix((static_cast<uint64_t>(p) << 32) | k);
   }
   key.mix(0xD0ULL + donated.size());
+  // A program holding collectives runs as one replica per device of their group;
+  // each member's first launch of it shares one launch id (replays count on).
+  const uint32_t launch_base =
+      replica_devices_.empty() ? 0 : kCapturedLaunch | (static_cast<uint32_t>(key.a >> 40) & 0x3FFF) << 16;
 
   auto label = [&] { return program_label(ops_); };
   std::vector<std::unique_ptr<runtime::Buffer>> results;
   std::unique_ptr<runtime::Event> done;
   std::shared_ptr<runtime::LoadedExecutable> exe;
   try {
-    exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label);
+    exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label, replica_devices_);
     for (auto& a : args_) raw.push_back(a->raw());
     TracedLaunch traced(device_, [&] { return label(); });
-    results = exe->execute(rt_.device(device_), raw, &done);
+    results = exe->execute(rt_.device(device_), raw, &done, nullptr, static_cast<int>(launch_base));
     traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     fail_locked(out_storage, e.code(), e.what());
@@ -351,8 +368,13 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
     c.donated = donated;
     for (const auto& f : flags_) c.flag_messages.push_back(f.message);
     c.flag_ops = flag_ops_;
+    c.replica_devices = replica_devices_;
+    c.collectives = collectives_;
+    c.launch_base = launch_base;
+    c.runs = 1;  // this launch was run 0
   }
   auto& m = metrics();
+  m.collectives_in_programs += collectives_;
   m.executions++;
   m.graphs++;
   m.graph_ops += static_cast<int64_t>(ops_.size());
@@ -416,6 +438,12 @@ void DeviceGraph::queue_launched(std::unique_ptr<runtime::Event> done, std::vect
 
 // ---------------------------------------------------------------- capture and replay
 
+bool DeviceGraph::can_record_collective(const std::vector<int64_t>& devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return capture_ && !capture_ending_ && capture_->broken.empty() &&
+         (replica_devices_.empty() || replica_devices_ == devices);
+}
+
 void DeviceGraph::break_capture_locked(const std::string& why) {
   if (capture_ && capture_->broken.empty()) capture_->broken = why;
 }
@@ -449,8 +477,23 @@ std::unique_ptr<Capture> DeviceGraph::end_capture() {
 void DeviceGraph::abort_capture() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!capture_) return;
-  // What was recorded still runs (as the eager ops it came from would have).
   capture_->broken = "aborted";
+  if (!replica_devices_.empty()) {
+    // Its collectives would wait for the other members' parts, which an error on this
+    // rank alone never launches: nothing of it runs (what it wrote keeps its old contents).
+    std::vector<Storage*> written;
+    for (Storage* s : live_) {
+      if (s) written.push_back(s);
+    }
+    try {
+      fail_locked(written, runtime::ErrorCode::kAborted,
+                  "the capture holding a collective was aborted by an error on this rank");
+    } catch (const GraphError&) {
+    }
+    capture_.reset();
+    return;
+  }
+  // What was recorded still runs (as the eager ops it came from would have).
   finish_capture_locked();
 }
 
@@ -474,7 +517,8 @@ std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(
   std::unique_ptr<runtime::Event> done;
   try {
     TracedLaunch traced(device_, [&] { return "compiled: " + (c.ops ? program_label(*c.ops) : std::string()); });
-    results = c.exe->execute(rt_.device(device_), raw, &done, &keep);
+    const uint32_t launch = c.replica_devices.empty() ? 0 : c.launch_base | (c.runs++ & 0xFFFF);
+    results = c.exe->execute(rt_.device(device_), raw, &done, &keep, static_cast<int>(launch));
     traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     throw GraphError(e.code(), e.what(), c.ops ? *c.ops : std::vector<OpRecord>{});
@@ -482,6 +526,7 @@ std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(
   auto& m = metrics();
   m.executions++;
   m.compiled_runs++;
+  m.collectives_in_programs += c.collectives;
   m.donated_buffers += static_cast<int64_t>(given.size());
   for (size_t p : given) args[p]->mark_donated();
   runtime::MemoryCounter* counter = &memory_counter(device_);

@@ -68,6 +68,11 @@ struct Fragment {
   std::vector<Flag> flags;
   ir::Value nonfinite;  // debug mode: i1[], any NaN/Inf in the op's fresh results
   OpRecord record;
+  // A collective among the devices of a group (global ids, in replica order): the
+  // program holding it runs as one replica per device, each member launching its
+  // own (recorded only while a capture is on: DeviceGraph::can_record_collective).
+  std::vector<int64_t> replica_devices;
+  int collectives = 0;  // how many collectives the fragment holds
 };
 
 enum class FlushReason { Op, Sync, Explicit, OptimizerStep, Loop, Size, ModeChange, Compile, Collective, Count };
@@ -118,6 +123,12 @@ struct Capture {
   std::vector<OpRecord> flag_ops;
   ProgramOps ops;
   std::string broken;  // why the recording did not end as one program (empty: it did)
+  // A program over a group's devices (its collectives inside): every member launches
+  // its own replica, the n-th run of each with the same launch id (`runs` counts them).
+  std::vector<int64_t> replica_devices;
+  int collectives = 0;
+  uint32_t launch_base = 0;
+  mutable std::atomic<uint32_t> runs{0};
 };
 
 enum class RecordMode {
@@ -157,6 +168,9 @@ class DeviceGraph {
   void begin_capture();
   std::unique_ptr<Capture> end_capture();
   void abort_capture();
+  // Whether a collective over `devices` can go into the program being captured: a
+  // capture is on and its program has no collective over other devices yet.
+  bool can_record_collective(const std::vector<int64_t>& devices);
   // Runs a captured program on `args` (buffers of parameter types); returns its
   // outputs. An aliased parameter is donated when the caller's vector and one
   // storage are all that hold it. Flags are queued for the next sync point.
@@ -187,6 +201,8 @@ class DeviceGraph {
   std::vector<Storage*> scratch_storage_;
   std::vector<std::pair<size_t, size_t>> scratch_donated_;
   std::vector<PJRT_Buffer*> scratch_raw_;
+  std::vector<int64_t> replica_devices_;  // the pending graph's collectives' group (empty: none)
+  int collectives_ = 0;
   std::unique_ptr<Capture> capture_;  // set between begin_capture and end_capture
   bool capture_ending_ = false;
   void break_capture_locked(const std::string& why);

@@ -46,6 +46,7 @@ void Metrics::reset() {
   donated_buffers = 0;
   dropped_values = 0;
   compiled_runs = 0;
+  collectives_in_programs = 0;
   std::lock_guard<std::mutex> lock(mu);
   fallbacks.clear();
   compiles_by_op.clear();
@@ -415,10 +416,13 @@ void Runtime::evict_locked() {
 
 std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key& cache_key,
                                                                    const std::function<std::string()>& print,
-                                                                   const std::function<std::string()>& op) {
+                                                                   const std::function<std::string()>& op,
+                                                                   const std::vector<int64_t>& replica_devices) {
+  ir::Key found_by = cache_key;
+  for (int64_t d : replica_devices) found_by.mix(0xDE000000ULL + static_cast<uint64_t>(d));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = memory_.find(cache_key);
+    auto it = memory_.find(found_by);
     if (it != memory_.end()) {
       metrics().memory_cache_hits++;
       recency_.splice(recency_.begin(), recency_, it->second.recency);
@@ -435,6 +439,10 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
         << "// " << op() << "\n" << mlir;
   }
   std::string key = identity_ + "\n" + mlir;
+  if (!replica_devices.empty()) {  // the same program over other devices is another executable
+    key += "\n// replica devices:";
+    for (int64_t d : replica_devices) key += " " + std::to_string(d);
+  }
   std::string payload;
   // On a miss this process takes the key's lock and compiles; another process
   // compiling the same program meanwhile is waited for, and its entry read.
@@ -451,7 +459,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
   if (!exe) {
     auto start = std::chrono::steady_clock::now();
     TraceScope traced(TraceKind::Compile, "compile", 0);
-    exe = client_->compile(mlir);
+    exe = client_->compile(mlir, replica_devices);
     auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::steady_clock::now() - start).count();
     metrics().compiles++;
@@ -470,7 +478,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
     compiling.reset();  // the entry is written (or cannot be): waiters go on
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = memory_.try_emplace(cache_key, Entry{exe, {}});
+  auto [it, inserted] = memory_.try_emplace(found_by, Entry{exe, {}});
   if (inserted) {
     recency_.push_front(&it->first);
     it->second.recency = recency_.begin();

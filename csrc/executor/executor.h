@@ -49,6 +49,7 @@ struct Metrics {
   std::atomic<int64_t> donated_buffers{0};
   std::atomic<int64_t> dropped_values{0};
   std::atomic<int64_t> compiled_runs{0};  // replays of torch.compile graphs
+  std::atomic<int64_t> collectives_in_programs{0};  // collectives run inside captured programs
   std::mutex mu;
   std::map<std::string, int64_t> flush_reasons;  // why graphs were cut
   std::map<std::string, int64_t> fallbacks;  // op name -> calls run on the CPU
@@ -144,9 +145,11 @@ class Runtime {
   // Finds the executable of the program with structural key `key`; on a miss
   // prints it (`mlir()`), then tries the disk tier, then compiles. `op()`
   // names the requester in metrics (both are called only on a miss).
+  // replica_devices: a program of one replica per device (global ids; part of the key).
   std::shared_ptr<runtime::LoadedExecutable> get_executable(const ir::Key& key,
                                                            const std::function<std::string()>& mlir,
-                                                           const std::function<std::string()>& op);
+                                                           const std::function<std::string()>& op,
+                                                           const std::vector<int64_t>& replica_devices = {});
   // Identity of the plugin (path, file size and time, API version, platform,
   // attributes), the compile options and XLA_FLAGS (both change the code
   // generated) and the CPU: part of every disk key, so an executable compiled

@@ -116,6 +116,7 @@ void Graph::mix_type(const Type& t) {
 
 Key Graph::key() const {
   Key k = key_;
+  if (replicas_) k.mix(0x5E91CA00ULL + static_cast<uint64_t>(replicas_));
   k.mix(0xA5A5A5A5ULL + outputs_.size());
   for (const Value& v : outputs_) k.mix((static_cast<uint64_t>(v.node) << 16) ^ static_cast<uint64_t>(v.index));
   return k;
@@ -131,6 +132,7 @@ void Graph::clear() {
   params_.clear();
   outputs_.clear();
   param_attrs_.clear();
+  replicas_ = 0;
   key_ = Key();
 }
 
@@ -267,7 +269,9 @@ class Printer {
  public:
   std::string module(const Graph& g) {
     std::ostringstream os;
-    os << "module {\n  func.func public @main(";
+    os << "module ";
+    if (g.replicas_) os << "attributes {mhlo.num_replicas = " << g.replicas_ << " : i32, mhlo.num_partitions = 1 : i32} ";
+    os << "{\n  func.func public @main(";
     std::vector<std::string> names(g.nodes_.size());
     for (size_t i = 0; i < g.params_.size(); ++i) {
       int id = g.params_[i];

@@ -92,6 +92,10 @@ class Graph {
   void add_output(Value v) { outputs_.push_back(v); }
   // Attribute of parameter i in @main's signature, e.g. "tf.aliasing_output = 0 : i32".
   void set_param_attr(size_t i, std::string attr);
+  // A program of `n` replicas (one per device of a group, each running it on its own
+  // device): its collectives' replica groups count them. 0: an ordinary program.
+  void set_replicas(int n) { replicas_ = n; }
+  int replicas() const { return replicas_; }
 
   // Appends `other`'s nodes; other's parameter k becomes `param_values[k]` (a
   // value of this graph). Returns, for each node of `other`, the node it became
@@ -122,6 +126,7 @@ class Graph {
   std::vector<int> params_;
   std::vector<Value> outputs_;
   std::vector<std::string> param_attrs_;
+  int replicas_ = 0;
   Key key_;  // nodes so far (outputs are mixed in by key())
   void mix_type(const Type& t);
 };

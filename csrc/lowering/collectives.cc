@@ -1,6 +1,6 @@
 #include "lowering/collectives.h"
 
-#include <sstream>
+#include <memory>
 
 namespace torch_pjrt::lowering {
 namespace {
@@ -9,16 +9,6 @@ int64_t elements(const std::vector<int64_t>& dims) {
   int64_t n = 1;
   for (int64_t d : dims) n *= d;
   return n;
-}
-
-std::string tensor_type(int64_t n, ir::DType dtype) {
-  return "tensor<" + std::to_string(n) + "x" + ir::dtype_name(dtype) + ">";
-}
-
-std::string dims_type(const std::vector<int64_t>& dims, ir::DType dtype) {
-  std::string s = "tensor<";
-  for (int64_t d : dims) s += std::to_string(d) + "x";
-  return s + ir::dtype_name(dtype) + ">";
 }
 
 // The StableHLO op combining two scalars of `dtype` for `reduction`.
@@ -42,8 +32,9 @@ const char* combiner(Reduction reduction, ir::DType dtype) {
   throw std::invalid_argument(std::string("collective: this reduction has no meaning for ") + ir::dtype_name(dtype));
 }
 
+// Every replica of the program in one group, in order.
 std::string replica_groups(int replicas) {
-  std::string s = "dense<[[";
+  std::string s = "replica_groups = dense<[[";
   for (int r = 0; r < replicas; ++r) s += (r ? ", " : "") + std::to_string(r);
   return s + "]]> : tensor<1x" + std::to_string(replicas) + "xi64>";
 }
@@ -56,40 +47,30 @@ bool reduced_locally(const CollectiveSpec& spec) {
          spec.reduction == Reduction::BitXor;
 }
 
-// The identity of a local reduction, as a scalar constant's value.
-std::string identity(const CollectiveSpec& spec) {
-  const char* op = combiner(spec.reduction, spec.dtype);
-  const bool all_ones = std::string(op) == "stablehlo.and";
-  if (spec.dtype == ir::DType::Pred) return all_ones ? "true" : "false";
-  if (!all_ones) return "0";
-  if (ir::is_unsigned_int(spec.dtype)) {
-    const int bits = static_cast<int>(ir::dtype_size(spec.dtype) * 8);
-    return std::to_string(bits == 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1);
-  }
-  return "-1";
+// The (a, b) -> a op b region of a reducing collective.
+std::shared_ptr<ir::Graph> combiner_region(const CollectiveSpec& spec) {
+  auto region = std::make_shared<ir::Graph>();
+  const ir::Type scalar{spec.dtype, {}};
+  ir::Value a = region->param(scalar), b = region->param(scalar);
+  region->set_outputs({region->add(combiner(spec.reduction, spec.dtype), {a, b}, scalar)});
+  return region;
 }
 
-std::string region(const CollectiveSpec& spec) {
-  const std::string scalar = std::string("tensor<") + ir::dtype_name(spec.dtype) + ">";
-  return std::string("({\n    ^bb0(%a: ") + scalar + ", %b: " + scalar + "):\n      %r = " +
-         combiner(spec.reduction, spec.dtype) + " %a, %b : " + scalar + "\n      stablehlo.return %r : " + scalar +
-         "\n    })";
-}
-
-// %c: the reduction of every member's %flat (n elements), gathered and reduced here.
-std::string local_reduction(const CollectiveSpec& spec, int64_t n, const std::string& groups) {
-  const std::string scalar = std::string("tensor<") + ir::dtype_name(spec.dtype) + ">";
-  const std::string rows = "tensor<" + std::to_string(spec.replicas) + "x" + std::to_string(n) + "x" +
-                           ir::dtype_name(spec.dtype) + ">";
-  std::ostringstream s;
-  s << "    %all = \"stablehlo.all_gather\"(%flat) {all_gather_dim = 0 : i64, replica_groups = " << groups
-    << "} : (" << tensor_type(n, spec.dtype) << ") -> " << tensor_type(n * spec.replicas, spec.dtype) << "\n"
-    << "    %rows = \"stablehlo.reshape\"(%all) : (" << tensor_type(n * spec.replicas, spec.dtype) << ") -> " << rows
-    << "\n"
-    << "    %init = stablehlo.constant dense<" << identity(spec) << "> : " << scalar << "\n"
-    << "    %c = \"stablehlo.reduce\"(%rows, %init) " << region(spec) << " {dimensions = array<i64: 0>} : (" << rows
-    << ", " << scalar << ") -> " << tensor_type(n, spec.dtype) << "\n";
-  return s.str();
+// The reduction of every member's `flat` (n elements), gathered and reduced here.
+ir::Value local_reduction(ir::Builder& b, ir::Value flat, const CollectiveSpec& spec) {
+  const int64_t n = b.type(flat).numel();
+  combiner(spec.reduction, spec.dtype);  // throws before anything is added for a meaningless reduction
+  ir::Value all = b.graph().add("stablehlo.all_gather", {flat}, ir::Type{spec.dtype, {n * spec.replicas}},
+                                "all_gather_dim = 0 : i64, " + replica_groups(spec.replicas));
+  ir::Value rows = b.reshape(all, {spec.replicas, n});
+  auto region = combiner_region(spec);
+  const bool all_ones = std::string(combiner(spec.reduction, spec.dtype)) == "stablehlo.and";
+  const int bits = static_cast<int>(ir::dtype_size(spec.dtype) * 8);
+  // The identity of `and`: every bit set (true for i1; an unsigned type's largest value).
+  const int64_t ones = ir::is_unsigned_int(spec.dtype) && bits < 64 ? (int64_t{1} << bits) - 1 : -1;
+  ir::Value init = b.constant_int(spec.dtype, all_ones ? ones : 0);
+  return b.graph().add("stablehlo.reduce", {rows, init}, ir::Type{spec.dtype, {n}}, "dimensions = array<i64: 0>",
+                       {region});
 }
 
 }  // namespace
@@ -102,7 +83,7 @@ int64_t collective_output_elements(const CollectiveSpec& spec) {
   return spec.keep_chunk >= 0 ? out / spec.replicas : out;
 }
 
-std::string collective_module(const CollectiveSpec& spec) {
+ir::Value collective(ir::Builder& b, ir::Value input, const CollectiveSpec& spec) {
   if (spec.replicas < 1) throw std::invalid_argument("collective: a group has at least one member");
   const int64_t n = elements(spec.input_dims);
   const bool chunked = spec.kind == CollectiveKind::ReduceScatter || spec.kind == CollectiveKind::AllToAll;
@@ -111,67 +92,57 @@ std::string collective_module(const CollectiveSpec& spec) {
                                 std::to_string(spec.replicas) + " equal chunks");
   }
   if (spec.keep_chunk >= spec.replicas) throw std::invalid_argument("collective: no such member's chunk");
-  const std::string flat = tensor_type(n, spec.dtype);
+  if (b.type(input).numel() != n || b.dtype(input) != spec.dtype) {
+    throw std::invalid_argument("collective: the input is " + b.type(input).str() + ", the spec's " +
+                                ir::Type{spec.dtype, spec.input_dims}.str());
+  }
+  ir::Graph& g = b.graph();
+  const ir::Value flat = b.reshape(input, {n});
   const std::string groups = replica_groups(spec.replicas);
-  std::ostringstream body;
-  body << "    %flat = \"stablehlo.reshape\"(%arg0) : (" << dims_type(spec.input_dims, spec.dtype) << ") -> " << flat
-       << "\n";
-  int64_t produced = n;
-  std::string result_name = "%c";
+  ir::Value result;
   switch (spec.kind) {
     case CollectiveKind::AllReduce:
-      if (reduced_locally(spec)) {
-        body << local_reduction(spec, n, groups);
-        break;
-      }
-      body << "    %c = \"stablehlo.all_reduce\"(%flat) " << region(spec) << " {replica_groups = " << groups
-           << "} : (" << flat << ") -> " << flat << "\n";
+      result = reduced_locally(spec) ? local_reduction(b, flat, spec)
+                                     : g.add("stablehlo.all_reduce", {flat}, ir::Type{spec.dtype, {n}}, groups,
+                                             {combiner_region(spec)});
       break;
     case CollectiveKind::AllGather:
-      produced = n * spec.replicas;
-      body << "    %c = \"stablehlo.all_gather\"(%flat) {all_gather_dim = 0 : i64, replica_groups = " << groups
-           << "} : (" << flat << ") -> " << tensor_type(produced, spec.dtype) << "\n";
+      result = g.add("stablehlo.all_gather", {flat}, ir::Type{spec.dtype, {n * spec.replicas}},
+                     "all_gather_dim = 0 : i64, " + groups);
       break;
-    case CollectiveKind::ReduceScatter:
-      produced = n / spec.replicas;
+    case CollectiveKind::ReduceScatter: {
+      const int64_t chunk = n / spec.replicas;
       if (reduced_locally(spec)) {  // the whole reduction, then this member's chunk
-        body << local_reduction(spec, n, groups);
-        body << "    %member = \"stablehlo.replica_id\"() : () -> tensor<ui32>\n"
-             << "    %member64 = \"stablehlo.convert\"(%member) : (tensor<ui32>) -> tensor<i64>\n"
-             << "    %chunk = stablehlo.constant dense<" << produced << "> : tensor<i64>\n"
-             << "    %start = \"stablehlo.multiply\"(%member64, %chunk) : (tensor<i64>, tensor<i64>) -> tensor<i64>\n"
-             << "    %mine = \"stablehlo.dynamic_slice\"(%c, %start) {slice_sizes = array<i64: " << produced
-             << ">} : (" << flat << ", tensor<i64>) -> " << tensor_type(produced, spec.dtype) << "\n";
-        result_name = "%mine";
+        ir::Value whole = local_reduction(b, flat, spec);
+        ir::Value member = b.convert(g.add("stablehlo.replica_id", {}, ir::Type{ir::DType::U32, {}}), ir::DType::S64);
+        ir::Value start = b.binary("multiply", member, b.constant_int(ir::DType::S64, chunk));
+        result = b.dynamic_slice(whole, {start}, {chunk});
         break;
       }
-      body << "    %c = \"stablehlo.reduce_scatter\"(%flat) " << region(spec)
-           << " {scatter_dimension = 0 : i64, replica_groups = " << groups << "} : (" << flat << ") -> "
-           << tensor_type(produced, spec.dtype) << "\n";
+      result = g.add("stablehlo.reduce_scatter", {flat}, ir::Type{spec.dtype, {chunk}},
+                     "scatter_dimension = 0 : i64, " + groups, {combiner_region(spec)});
       break;
+    }
     case CollectiveKind::AllToAll:
-      body << "    %c = \"stablehlo.all_to_all\"(%flat) {split_dimension = 0 : i64, concat_dimension = 0 : i64, "
-           << "split_count = " << spec.replicas << " : i64, replica_groups = " << groups << "} : (" << flat
-           << ") -> " << flat << "\n";
+      result = g.add("stablehlo.all_to_all", {flat}, ir::Type{spec.dtype, {n}},
+                     "split_dimension = 0 : i64, concat_dimension = 0 : i64, split_count = " +
+                         std::to_string(spec.replicas) + " : i64, " + groups);
       break;
   }
-  std::string result = result_name;
-  int64_t out = produced;
   if (spec.keep_chunk >= 0) {
-    out = produced / spec.replicas;
-    const int64_t start = out * spec.keep_chunk;
-    body << "    %kept = \"stablehlo.slice\"(" << result << ") {start_indices = array<i64: " << start
-         << ">, limit_indices = array<i64: " << start + out << ">, strides = array<i64: 1>} : ("
-         << tensor_type(produced, spec.dtype) << ") -> " << tensor_type(out, spec.dtype) << "\n";
-    result = "%kept";
+    const int64_t out = b.type(result).numel() / spec.replicas;
+    result = b.slice_dim(result, 0, out * spec.keep_chunk, out * (spec.keep_chunk + 1));
   }
-  std::ostringstream module;
-  module << "module @collective attributes {mhlo.num_replicas = " << spec.replicas
-         << " : i32, mhlo.num_partitions = 1 : i32} {\n"
-         << "  func.func public @main(%arg0: " << dims_type(spec.input_dims, spec.dtype) << ") -> "
-         << tensor_type(out, spec.dtype) << " {\n"
-         << body.str() << "    return " << result << " : " << tensor_type(out, spec.dtype) << "\n  }\n}\n";
-  return module.str();
+  return result;
+}
+
+std::string collective_module(const CollectiveSpec& spec) {
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Value input = g.param(ir::Type{spec.dtype, spec.input_dims});
+  g.set_outputs({collective(b, input, spec)});
+  g.set_replicas(spec.replicas);
+  return g.to_mlir();
 }
 
 }  // namespace torch_pjrt::lowering

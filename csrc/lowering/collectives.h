@@ -1,8 +1,9 @@
-// The StableHLO programs of collectives over a group of devices: one program per
-// signature (kind, dtype, sizes, reduction, group size), compiled with one replica
-// per device of the group (runtime::Client::compile with replica devices) and
-// launched by every member on its own device. Torch-free: the distributed layer
-// maps c10d's collectives onto these and caches the executables.
+// Collectives over a group of devices in StableHLO: as a program of their own (one
+// per signature: kind, dtype, sizes, reduction, group size), or as ops inside a
+// larger program (a captured torch.compile graph). Either program is compiled with
+// one replica per device of the group (runtime::Client::compile with replica
+// devices) and launched by every member on its own device. Torch-free: the
+// distributed layer maps c10d's collectives onto these.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ir/builder.h"
 #include "ir/graph.h"
 
 namespace torch_pjrt::lowering {
@@ -34,9 +36,15 @@ struct CollectiveSpec {
   int keep_chunk = -1;
 };
 
-// The module (MLIR text, @main: one flat input of the input's elements, one flat
-// output). Throws std::invalid_argument for a reduction the dtype has no meaning
-// for (bitwise ops on floats, min/max on complex).
+// Appends the collective to b's graph (whose replicas are the group's members): `input`
+// is this member's part (spec.input_dims, spec.dtype), read flat; returns the flat
+// result of collective_output_elements(spec) elements. Throws std::invalid_argument
+// for a reduction the dtype has no meaning for (bitwise ops on floats, min/max on
+// complex) or chunks that do not split evenly.
+ir::Value collective(ir::Builder& b, ir::Value input, const CollectiveSpec& spec);
+
+// The collective as a program of its own (MLIR text, @main: the input as it is on
+// the device, one flat output), spec.replicas replicas.
 std::string collective_module(const CollectiveSpec& spec);
 
 // Elements of the program's output.

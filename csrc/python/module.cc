@@ -53,6 +53,7 @@ py::dict metrics_dict() {
   d["donated_buffers"] = m.donated_buffers.load();
   d["dropped_values"] = m.dropped_values.load();
   d["compiled_runs"] = m.compiled_runs.load();
+  d["collectives_in_programs"] = m.collectives_in_programs.load();
   std::lock_guard<std::mutex> lock(m.mu);
   d["fallbacks"] = m.fallbacks;
   d["compiles_by_op"] = m.compiles_by_op;

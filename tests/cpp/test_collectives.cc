@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "ir/builder.h"
 #include "lowering/collectives.h"
 #include "runtime/pjrt_runtime.h"
 
@@ -170,6 +171,49 @@ TEST_P(CollectivesOver, KeepingOneChunkBroadcastsAndScattersFromARoot) {
     EXPECT_EQ(b[r], input_of<double>(root, 4)) << "member " << r;
     const auto full = input_of<double>(root, m * 2);
     EXPECT_EQ(s[r], std::vector<double>(full.begin() + 2 * r, full.begin() + 2 * r + 2)) << "member " << r;
+  }
+}
+
+// Collectives as ops of a larger program (what a captured torch.compile step holds): member
+// r computes x*2, all-reduces it, adds 1, all-gathers that and reduce-scatters the gather.
+TEST_P(CollectivesOver, CollectivesInsideALargerProgramComposeWithItsOtherOps) {
+  const int m = GetParam();
+  const int64_t n = 2 * m;
+  ir::Graph g;
+  ir::Builder b(g);
+  ir::Value x = g.param(ir::Type{ir::DType::F32, {2, m}});
+  ir::Value doubled = b.binary("multiply", x, b.scalar_like(x, 2));
+  CollectiveSpec reduce{CollectiveKind::AllReduce, ir::DType::F32, {2, m}, m};
+  ir::Value plus_one = b.binary("add", lowering::collective(b, doubled, reduce), b.constant(ir::DType::F32, 1, {n}));
+  CollectiveSpec gather{CollectiveKind::AllGather, ir::DType::F32, {n}, m};
+  ir::Value gathered = lowering::collective(b, plus_one, gather);
+  CollectiveSpec scatter{CollectiveKind::ReduceScatter, ir::DType::F32, {n * m}, m};
+  g.set_outputs({plus_one, lowering::collective(b, gathered, scatter)});
+  g.set_replicas(m);
+  runtime::Client& c = client();
+  std::vector<int64_t> assignment;
+  for (int r = 0; r < m; ++r) assignment.push_back(c.devices()[r].id());
+  auto exe = c.compile(g.to_mlir(), assignment);
+  std::vector<std::vector<float>> sums(m, std::vector<float>(n)), chunks(m, std::vector<float>(n));
+  std::vector<std::thread> members;
+  for (int r = 0; r < m; ++r) {
+    members.emplace_back([&, r] {
+      std::vector<float> in = input_of<float>(r, n);
+      auto buffer = c.buffer_from_host(in.data(), PJRT_Buffer_Type_F32, {2, m}, c.devices()[r]);
+      auto out = exe->execute(c.devices()[r], {buffer->raw()}, nullptr, nullptr, 7);
+      out.at(0)->to_host(sums[r].data(), n * sizeof(float));
+      out.at(1)->to_host(chunks[r].data(), n * sizeof(float));
+    });
+  }
+  for (auto& t : members) t.join();
+  std::vector<float> want(n, 1);
+  for (int r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < n; ++i) want[i] += 2 * input_of<float>(r, n)[i];
+  }
+  for (int r = 0; r < m; ++r) {
+    EXPECT_EQ(sums[r], want) << "member " << r;
+    // Every member gathered the same `want`, so the sum of chunk r is m times it.
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(chunks[r][i], m * want[i]) << "member " << r << " element " << i;
   }
 }
 

@@ -288,8 +288,9 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
         exact(t, torch.full((2,), 5.0), "a one-rank subgroup")
     checked.append("subgroup")
 
-    # A collective inside a compiled graph: the graph runs eagerly (a collective
-    # is a host transfer), with the right result.
+    # A collective inside a compiled graph: with ranks as threads (the XLA transport) it
+    # is inside the graph's program; across processes (host-staged) the graph runs
+    # eagerly, a collective being a host transfer. The right result either way.
     fn = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", group) + 1, backend="pjrt")
     exact(fn(a.to(dev())), ra * 2 + 1, "compiled graph with a collective")
     exact(fn(a.to(dev())), ra * 2 + 1, "compiled graph with a collective, second call")
@@ -687,6 +688,126 @@ def fsdp_tp(rank: int, world: int) -> dict[str, Any]:
                               "FSDP2 x tensor parallel block")
     dist.destroy_process_group()
     return {"max_rel_error": err}
+
+
+# ---------------------------------------------------------------- collectives inside compiled programs
+def _compiled_report(what: str, programs: int) -> dict[str, Any]:
+    """After every rank's last step: each compiled function of this process ran as programs
+    only (no graph ran eagerly), `programs` of them, with collectives inside."""
+    dist.barrier()  # every rank's counters are in
+    stats = torch_pjrt.metrics()
+    compiled = stats["compiled"]
+    eager = [why for f in compiled.values() for why in f["eager_graphs"]]
+    assert not eager, f"{what}: graphs ran eagerly: {eager}"
+    made = sum(f["programs"] for f in compiled.values())
+    assert made == programs, f"{what}: {made} programs, expected {programs}: {compiled}"
+    assert stats["distributed"]["in_programs"] > 0, f"{what}: no collective ran inside a program"
+    return {"programs": made, "in_programs": stats["distributed"]["in_programs"]}
+
+
+def _step_oracle(model_fn: Callable[[], nn.Module], steps: int,
+                 batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]]) -> list[list[torch.Tensor]]:
+    """The float64 full-batch parameters after each step (_reference_params, step by step)."""
+    model = model_fn().double()
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    after = []
+    for step in range(steps):
+        x, y = batch_fn(step)
+        opt.zero_grad()
+        F.mse_loss(model(x.double()), y.double()).backward()
+        opt.step()
+        after.append([p.detach().float() for p in model.parameters()])
+    return after
+
+
+def _full(p: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+    return (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu()
+
+
+@scenario
+def compiled_collectives(rank: int, world: int) -> dict[str, Any]:
+    """Every functional collective inside one torch.compile program (each rank's device its
+    replica): three calls on new values each, every result against the CPU's."""
+    import torch.distributed._functional_collectives as funcol
+    dist.init_process_group("pjrt", timeout=timeout())
+    group = dist.group.WORLD
+
+    def step(x: torch.Tensor, flags: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        total = funcol.all_reduce(x * 2, "sum", group)
+        mean = funcol.all_reduce(x, "avg", group)
+        top = funcol.all_reduce(x.to(torch.int64), "max", group)
+        anyone = funcol.all_reduce(flags, "sum", group)  # bool: gathered and reduced on the device
+        gathered = funcol.all_gather_tensor(x + 1, 0, group)
+        scattered = funcol.reduce_scatter_tensor(gathered * 3, "sum", 0, group)
+        exchanged = funcol.all_to_all_single(gathered, None, None, group)
+        root = funcol.broadcast(x - 1, 1, group)
+        return total + 1, mean, top, anyone, gathered, scattered, exchanged, root
+
+    compiled = torch.compile(step, backend="pjrt")
+    calls = 3
+    for call in range(calls):
+        # Integer values in float32: every sum is exact in any order.
+        xs = [values((world, 3), torch.int64, 100 * call + r).float() for r in range(world)]
+        fs = [values((5,), torch.bool, 100 * call + r) for r in range(world)]
+        got = compiled(xs[rank].to(dev()), fs[rank].to(dev()))
+        gathered = torch.cat([x + 1 for x in xs])
+        want = (sum(x * 2 for x in xs) + 1, sum(xs) / world, torch.stack(xs).to(torch.int64).amax(0),
+                torch.stack(fs).any(0), gathered, (gathered * 3 * world).chunk(world)[rank],
+                torch.cat([x.chunk(world)[rank] for x in [torch.cat([y + 1 for y in xs])] * world]), xs[1] - 1)
+        names = ("sum", "avg", "max", "bool sum", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+        for name, g, w in zip(names, got, want):
+            exact(g, w, f"compiled {name}, call {call}")
+    return _compiled_report("compiled collectives", programs=world)
+
+
+@scenario
+def tensor_parallel_compiled(rank: int, world: int) -> dict[str, Any]:
+    """The tensor-parallel block under torch.compile: DTensor's collectives (forward and
+    backward) inside one forward and one backward program per rank; each step's parameters
+    against full-batch float64 training."""
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh("pjrt", (world,))
+    model = _tensor_parallel_block(mesh)
+    compiled = torch.compile(model, backend="pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    oracle = _step_oracle(_block, STEPS, _seq_batch)
+    worst = 0.0
+    for step in range(STEPS):
+        x, y = _seq_batch(step)
+        opt.zero_grad()
+        F.mse_loss(compiled(x.to(dev())), y.to(dev())).backward()
+        opt.step()
+        worst = max(worst, _close_to_reference([_full(p) for p in model.parameters()], oracle[step], F32_RTOL,
+                                               f"compiled tensor parallel, step {step}"))
+    return {"max_rel_error": worst, **_compiled_report("compiled tensor parallel", programs=2 * world)}
+
+
+@scenario
+def simple_fsdp_compiled(rank: int, world: int) -> dict[str, Any]:
+    """TorchTitan's SimpleFSDP (parameters as sharded DTensors gathered in the forward, their
+    gradients reduce-scattered) under torch.compile: the all-gathers and reduce-scatters inside
+    one forward and one backward program per rank; each step's parameters against full-batch
+    float64 training (SimpleFSDP sums the ranks' gradients: each rank's loss is divided by the
+    world size)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh("pjrt", (world,))
+    model = data_parallel(_mlp().to(dev()), mesh, mode="fully_shard")
+    compiled = torch.compile(model, backend="pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    oracle = _step_oracle(_mlp, STEPS, _batch)
+    worst = 0.0
+    for step in range(STEPS):
+        x, y = _local_batch(step, rank, world)
+        opt.zero_grad()
+        (F.mse_loss(compiled(x.to(dev())), y.to(dev())) / world).backward()
+        opt.step()
+        worst = max(worst, _close_to_reference([_full(p) for p in model.parameters()], oracle[step], F32_RTOL,
+                                               f"compiled SimpleFSDP, step {step}"))
+    return {"max_rel_error": worst, **_compiled_report("compiled SimpleFSDP", programs=2 * world)}
 
 
 @scenario

@@ -35,6 +35,23 @@ def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300) -> dic
 def test_every_collective_matches_gloo_bit_for_bit_over_two_rank_threads(tmp_path: Path) -> None:
     reports = _threads("collectives", 2, tmp_path)["reports"]
     assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
+    # (its compiled graph holding a collective stayed one program)
+    assert all(r["compiled_eager_reasons"] == [] for r in reports), reports
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_functional_collective_runs_inside_a_compiled_program(tmp_path: Path, world: int) -> None:
+    result = _threads("compiled_collectives", world, tmp_path)
+    # 8 collectives (the bool sum is an all-gather and a reduction) per call, 3 calls, per rank
+    assert result["transport"]["in_programs"] == 3 * 8 * world, result["transport"]
+
+
+def test_compiled_tensor_parallel_training_keeps_its_collectives_in_its_programs(tmp_path: Path) -> None:
+    _threads("tensor_parallel_compiled", 4, tmp_path)
+
+
+def test_compiled_simple_fsdp_keeps_its_gathers_and_reduce_scatters_in_its_programs(tmp_path: Path) -> None:
+    _threads("simple_fsdp_compiled", 2, tmp_path)
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -94,9 +94,11 @@ def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int | None = None, prefix
 
 
 def transport_stats() -> dict[str, Any]:
-    """Collectives run in this process by transport ("xla", "host (gloo)") and the bytes
-    the host-staged transport moved through the host."""
-    return dict(_C._transport_stats())
+    """Collectives run in this process by transport ("xla", "host (gloo)"; one captured
+    into a torch.compile program counts once, when captured), the bytes the host-staged
+    transport moved through the host, and "in_programs": the collective runs inside
+    compiled programs (every replay counts)."""
+    return {**_C._transport_stats(), "in_programs": _C._metrics()["collectives_in_programs"]}
 
 
 def register() -> None:
