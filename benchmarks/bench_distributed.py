@@ -3,7 +3,8 @@ backend next to gloo on CPU tensors, and the DDP training step with 1 and 2
 processes on pjrt next to the same on CPU over gloo, in one run; then 4 ranks as
 threads of one process (torch_pjrt.distributed.spawn): all_reduce and all_gather
 latency and bandwidth through the XLA transport next to the host-staged one and to
-gloo on CPU tensors, and an FSDP2 step with either transport.
+gloo on CPU tensors, an FSDP2 step with either transport, and TorchTitan's SimpleFSDP
+step eager and under torch.compile (its collectives inside the programs).
 
     .venv/bin/python benchmarks/bench_distributed.py [--iters N] [--steps N] [--only processes|threads]
 
@@ -164,14 +165,44 @@ def _thread_rank_fsdp(rank: int, steps: int, transport: str) -> float:
     return ms
 
 
+def _thread_rank_simple_fsdp(rank: int, steps: int, compiled: bool) -> dict[str, Any]:
+    """TorchTitan's SimpleFSDP (sharded DTensor parameters gathered in the forward), eager, or
+    under torch.compile with its all-gathers and reduce-scatters inside the step's programs."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel
+
+    dist.init_process_group("pjrt")
+    dev = torch.device("pjrt", rank)
+    mesh = init_device_mesh("pjrt", (THREADS,))
+
+    def shard(model: Any) -> Any:
+        model = data_parallel(model.to(dev), mesh, mode="fully_shard")
+        return torch.compile(model, backend="pjrt") if compiled else model
+
+    import torch_pjrt
+
+    ms = _median_step_ms(shard, dev, rank, steps)
+    dist.barrier()
+    stats = torch_pjrt.metrics()
+    dist.destroy_process_group()
+    return {"ms": ms, "in_programs": stats["distributed"]["in_programs"],
+            "eager_graphs": [why for f in stats["compiled"].values() for why in f["eager_graphs"]]}
+
+
 def worker_threads(out: str, iters: int, steps: int) -> None:
     import torch_pjrt.distributed as pjrt_dist
 
     bandwidth = pjrt_dist.spawn(_thread_rank_bandwidth, args=(iters,), nprocs=THREADS, prefix_output=False)[0]
     fsdp = {t: pjrt_dist.spawn(_thread_rank_fsdp, args=(steps, t), nprocs=THREADS, prefix_output=False)[0]
             for t in ("xla", "host")}
+    simple = {("compiled" if c else "eager"): pjrt_dist.spawn(_thread_rank_simple_fsdp, args=(steps, c),
+                                                               nprocs=THREADS, prefix_output=False)[0]
+              for c in (False, True)}
     with open(out, "w") as f:
-        json.dump({"bandwidth": bandwidth, "fsdp_ms": fsdp, "transport": pjrt_dist.transport_stats()}, f)
+        json.dump({"bandwidth": bandwidth, "fsdp_ms": fsdp, "simple_fsdp_ms": simple,
+                   "transport": pjrt_dist.transport_stats()}, f)
 
 
 def _print_threads(result: dict) -> None:
@@ -192,6 +223,11 @@ def _print_threads(result: dict) -> None:
     fsdp = result["fsdp_ms"]
     print(f"FSDP2 step, GPT-style decoder (2 x d128, 8x64 tokens per rank, AdamW), {THREADS} rank threads, median ms: "
           f"XLA transport {fsdp['xla']:.1f}, host-staged {fsdp['host']:.1f}")
+    simple = result["simple_fsdp_ms"]
+    compiled = simple["compiled"]
+    print(f"SimpleFSDP step (the same model and batch, XLA transport), median ms: eager {simple['eager']['ms']:.1f}, "
+          f"torch.compile {compiled['ms']:.1f} ({compiled['in_programs']} collective runs inside its programs; "
+          f"graphs run eagerly: {compiled['eager_graphs'] or 'none'})")
 
 
 def launch(nproc: int, *worker_args: str) -> None:

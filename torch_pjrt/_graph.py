@@ -189,6 +189,9 @@ class PjrtGraph:
         return [o if isinstance(o, torch.Tensor) else None for o in self._outputs(result)]
 
     def _note_eager(self, why: str) -> None:
+        if "(collective)" in why:
+            why += ("; collectives go inside the program only with ranks as threads of one process "
+                    "(torch_pjrt.distributed.spawn) and TORCH_PJRT_DIST_IN_PROGRAMS=1, the default")
         note = f"{self.kind}: {why}"
         if note not in self.stats.eager_graphs:
             self.stats.eager_graphs.append(note)

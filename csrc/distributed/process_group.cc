@@ -967,11 +967,12 @@ void add_python_bindings(pybind11::module_& m) {
       // transport, with the host backend as its control channel; else host-staged.
       .def(py::init([](const c10::intrusive_ptr<c10d::Backend>& host, int rank, int size, bool check,
                        ProcessGroupPjrt::MakeSubgroup make_subgroup, std::chrono::milliseconds timeout,
-                       std::vector<int64_t> device_ids) {
+                       std::vector<int64_t> device_ids, bool in_programs) {
              TORCH_CHECK(host, "pjrt process group: no host backend");
              auto transport = make_host_transport(host, rank, size);
              if (!device_ids.empty()) {
-               transport = make_xla_transport(std::move(transport), rank, size, std::move(device_ids), timeout);
+               transport =
+                   make_xla_transport(std::move(transport), rank, size, std::move(device_ids), timeout, in_programs);
              }
              return c10::make_intrusive<ProcessGroupPjrt>(std::move(transport), rank, size, check,
                                                           std::move(make_subgroup), timeout);
@@ -979,7 +980,7 @@ void add_python_bindings(pybind11::module_& m) {
            py::arg("host"), py::arg("rank"), py::arg("size"), py::arg("check") = true,
            py::arg("make_subgroup") = ProcessGroupPjrt::MakeSubgroup{},
            py::arg("timeout") = std::chrono::milliseconds(::kBackendDefaultTimeout),
-           py::arg("device_ids") = std::vector<int64_t>{})
+           py::arg("device_ids") = std::vector<int64_t>{}, py::arg("in_programs") = false)
       .def_property_readonly("transport", [](const ProcessGroupPjrt& pg) { return pg.transport_name(); })
       // What split_group deep-copies to pass back: torch's Options cannot be copied from
       // Python, and without them c10d asks getBackendOptions() (a new object each time).

@@ -16,6 +16,7 @@
 
 #include "device/context.h"
 #include "device/recorder.h"
+#include "executor/launch_barrier.h"
 #include "lowering/collectives.h"
 
 namespace torch_pjrt::distributed {
@@ -311,9 +312,9 @@ std::string group_identity(const std::vector<int64_t>& device_ids, int64_t own_d
 class XlaTransport final : public Transport {
  public:
   XlaTransport(std::unique_ptr<Transport> control, int rank, int size, std::vector<int64_t> device_ids,
-               std::chrono::milliseconds timeout)
+               std::chrono::milliseconds timeout, bool in_programs)
       : control_(std::move(control)), rank_(rank), size_(size), device_ids_(std::move(device_ids)),
-        timeout_(timeout) {
+        timeout_(timeout), in_programs_(in_programs) {
     TORCH_CHECK(static_cast<int>(device_ids_.size()) == size_, "pjrt: the XLA transport needs one device per rank");
     uint64_t h = 1469598103934665603ull;
     for (int64_t d : device_ids_) h = (h ^ static_cast<uint64_t>(d + 1)) * 1099511628211ull;
@@ -328,8 +329,12 @@ class XlaTransport final : public Transport {
       TORCH_CHECK(local >= 0, "pjrt: the XLA transport's device ", id, " is not one of this process's");
       local_index_.push_back(local);
     }
+    executor::LaunchBarrier::get().join(device_ids_[rank_]);
   }
-  ~XlaTransport() override { Mailbox::get().leave(group_, rank_, size_); }
+  ~XlaTransport() override {
+    Mailbox::get().leave(group_, rank_, size_);
+    executor::LaunchBarrier::get().leave(device_ids_[rank_]);  // compiled programs' peers stop waiting for it
+  }
 
   std::string name() const override { return "xla"; }
 
@@ -408,11 +413,11 @@ class XlaTransport final : public Transport {
     for (int r = 0; r < size_; ++r) kept.push_back(got[r].narrow(0, 0, receives[r]));
     out.copy_(at::cat(kept).view(out.sizes()));
   }
-  // While torch.compile captures a graph on this rank's device, the group's collectives
-  // become ops of that program (one replica per member; no program of their own, no
+  // With in_programs: while torch.compile captures a graph on this rank's device, the group's
+  // collectives become ops of that program (one replica per member; no program of their own, no
   // flush): what FSDP2's and DTensor's functional collectives need to stay in one step.
   bool in_program(const at::Tensor& t) override {
-    return device::capturing() && t.defined() && t.device().is_privateuseone() && t.numel() > 0 &&
+    return in_programs_ && device::capturing() && t.defined() && t.device().is_privateuseone() && t.numel() > 0 &&
            device::graph_of(t.device().index()).can_record_collective(device_ids_);
   }
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) override {
@@ -492,6 +497,7 @@ class XlaTransport final : public Transport {
   std::vector<int64_t> device_ids_;
   std::vector<int> local_index_;  // each member's device as this process numbers them
   std::chrono::milliseconds timeout_;
+  bool in_programs_;
   std::string group_;  // the mailbox's name for this group
   int group_hash_ = 0;
   uint64_t launches_ = 0;
@@ -500,8 +506,9 @@ class XlaTransport final : public Transport {
 }  // namespace
 
 std::unique_ptr<Transport> make_xla_transport(std::unique_ptr<Transport> control, int rank, int size,
-                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout) {
-  return std::make_unique<XlaTransport>(std::move(control), rank, size, std::move(device_ids), timeout);
+                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout,
+                                              bool in_programs) {
+  return std::make_unique<XlaTransport>(std::move(control), rank, size, std::move(device_ids), timeout, in_programs);
 }
 
 TransportStats transport_stats() {

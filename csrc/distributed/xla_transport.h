@@ -20,9 +20,11 @@ namespace torch_pjrt::distributed {
 // control: the transport that carries `exchange` (the ranks' signatures, a few
 // integers). device_ids: every member's global device id, by rank. Point to point
 // copies device to device between the members (this process's devices all); a
-// receive waits for its message up to `timeout`.
+// receive waits for its message up to `timeout`. in_programs: a collective called while
+// torch.compile captures a graph on this rank's device becomes ops of that program.
 std::unique_ptr<Transport> make_xla_transport(std::unique_ptr<Transport> control, int rank, int size,
-                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout);
+                                              std::vector<int64_t> device_ids, std::chrono::milliseconds timeout,
+                                              bool in_programs = false);
 
 // Collectives run so far in this process, by transport name, and the bytes the
 // host-staged transport moved through the host.

@@ -1,4 +1,5 @@
 #include "executor/deferred.h"
+#include "executor/launch_barrier.h"
 #include "executor/trace.h"
 
 #include <unordered_map>
@@ -350,7 +351,10 @@ std::vector<Check> DeviceGraph::flush_locked(FlushReason reason, bool return_che
     exe = rt_.get_executable(key, [&] { return graph_.to_mlir(); }, label, replica_devices_);
     for (auto& a : args_) raw.push_back(a->raw());
     TracedLaunch traced(device_, [&] { return label(); });
+    auto unblocked = enter_blocking_scope();
+    if (!replica_devices_.empty()) LaunchBarrier::get().arrive(launch_base, replica_devices_, rt_.device(device_).id());
     results = exe->execute(rt_.device(device_), raw, &done, nullptr, static_cast<int>(launch_base));
+    unblocked.reset();
     traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     fail_locked(out_storage, e.code(), e.what());
@@ -518,7 +522,10 @@ std::vector<std::shared_ptr<runtime::Buffer>> DeviceGraph::replay(
   try {
     TracedLaunch traced(device_, [&] { return "compiled: " + (c.ops ? program_label(*c.ops) : std::string()); });
     const uint32_t launch = c.replica_devices.empty() ? 0 : c.launch_base | (c.runs++ & 0xFFFF);
+    auto unblocked = enter_blocking_scope();
+    if (launch) LaunchBarrier::get().arrive(launch, c.replica_devices, rt_.device(device_).id());
     results = c.exe->execute(rt_.device(device_), raw, &done, &keep, static_cast<int>(launch));
+    unblocked.reset();
     traced.until(done.get());
   } catch (const runtime::PjrtError& e) {
     throw GraphError(e.code(), e.what(), c.ops ? *c.ops : std::vector<OpRecord>{});

@@ -58,6 +58,17 @@ Metrics& metrics() {
   return m;
 }
 
+namespace {
+BlockingScope& blocking_scope() {
+  static BlockingScope scope;
+  return scope;
+}
+}  // namespace
+
+void set_blocking_scope(BlockingScope scope) { blocking_scope() = std::move(scope); }
+
+std::shared_ptr<void> enter_blocking_scope() { return blocking_scope() ? blocking_scope()() : nullptr; }
+
 runtime::MemoryCounter& memory_counter(int device) {
   constexpr int kMaxDevices = 64;
   static auto* counters = new runtime::MemoryCounter[kMaxDevices];  // leaked: buffers outlive statics
@@ -421,14 +432,31 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
   ir::Key found_by = cache_key;
   for (int64_t d : replica_devices) found_by.mix(0xDE000000ULL + static_cast<uint64_t>(d));
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = memory_.find(found_by);
-    if (it != memory_.end()) {
-      metrics().memory_cache_hits++;
-      recency_.splice(recency_.begin(), recency_, it->second.recency);
-      return it->second.exe;
+    // Threads asking for a program another thread is compiling wait for it and share its
+    // executable: the replicas of a program over several devices (rank threads) must be
+    // parts of one executable for XLA's CPU collectives to join them.
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      auto it = memory_.find(found_by);
+      if (it != memory_.end()) {
+        metrics().memory_cache_hits++;
+        recency_.splice(recency_.begin(), recency_, it->second.recency);
+        return it->second.exe;
+      }
+      if (!compiling_.count(found_by)) break;
+      compiled_.wait(lock);
     }
+    compiling_.insert(found_by);
   }
+  struct Done {  // however this call ends, its waiters look again
+    Runtime* rt;
+    const ir::Key& key;
+    ~Done() {
+      std::lock_guard<std::mutex> lock(rt->mu_);
+      rt->compiling_.erase(key);
+      rt->compiled_.notify_all();
+    }
+  } done{this, found_by};
   std::shared_ptr<runtime::LoadedExecutable> exe;
   std::string mlir = print();
   if (const char* dump = std::getenv("TORCH_PJRT_DUMP_DIR"); dump && *dump) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "ir/graph.h"
@@ -58,6 +59,14 @@ struct Metrics {
 };
 
 Metrics& metrics();
+
+// Held around a program launch, which may block (the plugin's limit on programs in
+// flight per device, while one of them waits in a collective for other ranks' parts):
+// the Python layer makes it release the GIL, so that the other rank threads can launch
+// those parts. Null (the default): nothing to release.
+using BlockingScope = std::function<std::shared_ptr<void>()>;
+void set_blocking_scope(BlockingScope scope);
+std::shared_ptr<void> enter_blocking_scope();
 // Device memory held by live buffers, per device (never destroyed).
 runtime::MemoryCounter& memory_counter(int device);
 
@@ -173,6 +182,8 @@ class Runtime {
     std::list<const ir::Key*>::iterator recency;  // position in recency_
   };
   std::unordered_map<ir::Key, Entry, ir::KeyHash> memory_;
+  std::unordered_set<ir::Key, ir::KeyHash> compiling_;  // keys a thread is compiling (or loading) now
+  std::condition_variable compiled_;
   std::list<const ir::Key*> recency_;  // most recently used first; points at memory_'s keys
   size_t capacity_ = 4096;
   void evict_locked();

@@ -163,6 +163,10 @@ PYBIND11_MODULE(_C, mod) {
     policy.wait_seconds = cache_wait_seconds;
     device::configure_runtime(plugin_path, cpu_device_count, cache_dir, missing_message, overrides, policy);
   });
+  executor::set_blocking_scope([]() -> std::shared_ptr<void> {
+    if (!PyGILState_Check()) return nullptr;
+    return std::make_shared<py::gil_scoped_release>();
+  });
   mod.def("_define_kernel", &device::define_user_kernel, py::arg("name"), py::arg("definitions"));
   mod.def("_call_kernel", &device::call_user_kernel, py::arg("op_name"), py::arg("name"), py::arg("inputs"),
           py::arg("like"));
@@ -291,7 +295,9 @@ PYBIND11_MODULE(_C, mod) {
   // torch.compile (torch_pjrt/compiler.py): capture an FX graph's run as one
   // program, then replay it.
   py::class_<device::CompiledGraph, std::shared_ptr<device::CompiledGraph>>(mod, "_CompiledGraph")
-      .def("run", &device::CompiledGraph::run)
+      // Without the GIL: a program holding collectives may wait for the other ranks'
+      // parts, which rank threads launch from Python.
+      .def("run", &device::CompiledGraph::run, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("mutated_inputs", &device::CompiledGraph::mutated_inputs);
   mod.def("_capture_begin", &device::begin_capture);
   mod.def("_capture_abort", &device::abort_capture);
@@ -299,7 +305,11 @@ PYBIND11_MODULE(_C, mod) {
                              const std::vector<std::optional<at::Tensor>>& outputs,
                              const std::vector<at::Tensor>& constants) {
     std::string why;
-    auto g = device::CompiledGraph::finish(device, inputs, outputs, constants, &why);
+    std::shared_ptr<device::CompiledGraph> g;
+    {
+      py::gil_scoped_release no_gil;  // (as run)
+      g = device::CompiledGraph::finish(device, inputs, outputs, constants, &why);
+    }
     return py::make_tuple(g ? py::cast(g) : py::none(), why);
   });
   // The hot path of every compiled call: tensors and ints (a dynamic graph's

@@ -17,9 +17,11 @@ import pytest
 HERE = Path(__file__).parent
 
 
-def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300) -> dict[str, Any]:
+def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300,
+             in_programs: bool = True) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
-    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="8", DIST_TEST_TIMEOUT="60", OMP_NUM_THREADS="1")
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="8", DIST_TEST_TIMEOUT="60", OMP_NUM_THREADS="1",
+               TORCH_PJRT_DIST_IN_PROGRAMS="1" if in_programs else "0")
     proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), name, str(world), str(out)], cwd=HERE,
                           env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
@@ -33,10 +35,18 @@ def _threads(name: str, world: int, tmp_path: Path, timeout: float = 300) -> dic
 
 
 def test_every_collective_matches_gloo_bit_for_bit_over_two_rank_threads(tmp_path: Path) -> None:
-    reports = _threads("collectives", 2, tmp_path)["reports"]
+    result = _threads("collectives", 2, tmp_path)
+    reports = result["reports"]
     assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
-    # (its compiled graph holding a collective stayed one program)
+    # its compiled graph holding a collective stayed one program
     assert all(r["compiled_eager_reasons"] == [] for r in reports), reports
+    assert result["transport"]["in_programs"] > 0, result["transport"]
+
+
+def test_with_collectives_kept_out_of_programs_a_compiled_graph_runs_eagerly_and_says_why(tmp_path: Path) -> None:
+    reports = _threads("collectives", 2, tmp_path, in_programs=False)["reports"]
+    reasons = reports[0]["compiled_eager_reasons"]
+    assert reasons and all("TORCH_PJRT_DIST_IN_PROGRAMS=1" in why for why in reasons), reasons
 
 
 @pytest.mark.parametrize("world", [2, 4])
@@ -51,7 +61,7 @@ def test_compiled_tensor_parallel_training_keeps_its_collectives_in_its_programs
 
 
 def test_compiled_simple_fsdp_keeps_its_gathers_and_reduce_scatters_in_its_programs(tmp_path: Path) -> None:
-    _threads("simple_fsdp_compiled", 2, tmp_path)
+    _threads("simple_fsdp_compiled", 4, tmp_path)
 
 
 @pytest.mark.parametrize("world", [4, 8])

@@ -83,7 +83,19 @@ def _make_backend(store: dist.Store, rank: int, size: int, timeout: datetime.tim
     Host-staged through gloo unless the XLA transport can join the ranks' devices."""
     host = dist.ProcessGroupGloo(dist.PrefixStore("pjrt_host/", store), rank, size, timeout)
     device_ids = _xla_device_ids(store, rank, size)
-    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled(), _make_backend, timeout, device_ids)
+    return _C._ProcessGroupPjrt(host, rank, size, _checks_enabled(), _make_backend, timeout, device_ids,
+                                _collectives_in_programs())
+
+
+def _collectives_in_programs() -> bool:
+    """TORCH_PJRT_DIST_IN_PROGRAMS (default 1; XLA transport only): a collective that
+    torch.compile captures becomes part of the graph's program (one replica per rank's
+    device); 0 runs such a graph eagerly instead, op by op, its collectives as programs of
+    their own."""
+    value = os.environ.get("TORCH_PJRT_DIST_IN_PROGRAMS", "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"TORCH_PJRT_DIST_IN_PROGRAMS={value!r}: expected 0 or 1")
+    return value == "1"
 
 
 def spawn(fn: Any, args: tuple[Any, ...] = (), nprocs: int | None = None, prefix_output: bool = True) -> list[Any]:

@@ -166,15 +166,47 @@ def rank_checks(rank: int, world: int) -> dict[str, Any]:
         dist.send(_inputs((4,), torch.float32, 110, rank).to(dev), dst=0, tag=3)
     dist.barrier()
     checked += ["send/recv", "recv from any source", "barrier"]
+    checked += _compiled_checks(rank, world, dev)
     transport = dist.group.WORLD._get_backend(dev).transport
     dist.destroy_process_group()
     return {"checked": checked, "transport": transport}
 
 
+def _compiled_checks(rank: int, world: int, dev: torch.device) -> list[str]:
+    """Collectives inside a torch.compile program (one replica per rank's device): a step
+    that reduces, gathers and reduce-scatters, run twice on new values (the capture, then a
+    replay), every result against the host's, and the step one program, not run eagerly."""
+    import torch.distributed._functional_collectives as funcol
+
+    from ..metrics import metrics
+
+    group = dist.group.WORLD
+
+    def step(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        total = funcol.all_reduce(x * 2, "sum", group) + 1
+        gathered = funcol.all_gather_tensor(total, 0, group)
+        return total, gathered, funcol.reduce_scatter_tensor(gathered, "max", 0, group)
+
+    compiled = torch.compile(step, backend="pjrt")
+    for call in range(2):
+        xs = [_inputs((world, 3), torch.int64, 120 + call, r).float() for r in range(world)]
+        total, gathered, scattered = compiled(xs[rank].to(dev))
+        want = sum(x * 2 for x in xs) + 1
+        _expect(total, want, f"compiled all_reduce (call {call})")
+        _expect(gathered, torch.cat([want] * world), f"compiled all_gather (call {call})")
+        _expect(scattered, want, f"compiled reduce_scatter (call {call})")  # every rank gathered the same
+    dist.barrier()  # every rank's step is in the counters
+    stats = metrics()
+    eager = [why for f in stats["compiled"].values() for why in f["eager_graphs"]]
+    assert not eager, f"the compiled step with collectives did not stay one program: {eager}"
+    assert stats["distributed"]["in_programs"] > 0, "the compiled step's collectives did not run inside its program"
+    return ["all_reduce, all_gather and reduce_scatter inside a compiled program"]
+
+
 def devices_check(device_count: int, is_cpu_plugin: bool) -> str:
     """Runs rank_checks in a child process over WORLD (CPU plugin) or every device."""
     world = WORLD if is_cpu_plugin else device_count
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env = dict(os.environ, OMP_NUM_THREADS="1", TORCH_PJRT_DIST_IN_PROGRAMS="1")
     if is_cpu_plugin:
         env["TORCH_PJRT_CPU_DEVICES"] = str(world)
     import tempfile
@@ -195,7 +227,7 @@ def devices_check(device_count: int, is_cpu_plugin: bool) -> str:
     assert stats["host_bytes"] == 0, f"{stats['host_bytes']} bytes went through the host"
     checked = result["reports"][0]["checked"]
     return f"{len(checked)} collectives over {world} devices, {stats['collectives'].get('xla', 0)} runs, " \
-           f"0 bytes through the host"
+           f"{stats['in_programs']} more inside compiled programs, 0 bytes through the host"
 
 
 CROSS_PROCESS_SKIP = ("device collectives between processes need a PJRT client that spans them (node_id/num_nodes "
