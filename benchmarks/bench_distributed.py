@@ -173,6 +173,7 @@ def _thread_rank_simple_fsdp(rank: int, steps: int, compiled: bool) -> dict[str,
     from torch.distributed.device_mesh import init_device_mesh
     from torchtitan.experiments.graph_trainer.simple_fsdp import data_parallel
 
+    os.environ["TORCH_PJRT_DIST_TRANSPORT"] = "xla"  # (the FSDP2 runs before left it at host)
     dist.init_process_group("pjrt")
     dev = torch.device("pjrt", rank)
     mesh = init_device_mesh("pjrt", (THREADS,))

@@ -27,7 +27,7 @@ fi
 #    processes, and the rest;
 #  - the fused pass: the op, view, autograd, training and model tests again, less what does
 #    not depend on the eager mode (compiled model training and generation, debug mode); then
-#    the last part of the strict pass (Ray Train).
+#    the last part of the strict pass (Ray Train, ranks as threads).
 # Four jobs share the cores: torch's OpenMP threads beyond a job's share of them spin-wait
 # against each other (a GPT training test took 200 s with four copies side by side on 2
 # cores and 2 threads each, 34 s with 1 thread each; 13 s alone).
@@ -89,7 +89,7 @@ done
 # upstream slice in the first job, and after the fused pass.
 STRICT_FIRST="tests/python/test_stacks_lightning.py tests/python/test_stacks_peft_trl.py tests/python/test_qualify.py \
 tests/python/test_upstream_runner.py"
-STRICT_LAST="tests/python/test_stacks_ray.py"
+STRICT_LAST="tests/python/test_stacks_ray.py tests/python/test_distributed_threads.py"
 IGNORE=""
 for f in $HEAVY $STRICT_FIRST $STRICT_LAST; do IGNORE="$IGNORE --ignore=$f"; done
 FUSED=""

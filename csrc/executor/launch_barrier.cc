@@ -43,10 +43,12 @@ void LaunchBarrier::arrive(uint32_t launch, const std::vector<int64_t>& devices,
       }
     }
     if (changed_.wait_until(lock, deadline) == std::cv_status::timeout && !round->complete) {
+      const std::string late = missing();
       round->arrived.erase(me);
-      throw std::runtime_error("pjrt: a compiled program's collectives waited " +
-                               std::to_string(timeout.count() / 1000) + " s for the ranks on devices " + missing() +
-                               " to launch their part");
+      const std::string waited = timeout.count() < 1000 ? std::to_string(timeout.count()) + " ms"
+                                                        : std::to_string(timeout.count() / 1000) + " s";
+      throw std::runtime_error("pjrt: a compiled program's collectives waited " + waited +
+                               " for the ranks on devices " + late + " to launch their part");
     }
   }
 }

@@ -3,12 +3,16 @@
 // results against the collective's definition worked out on the host.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <stdexcept>
 #include <cstdlib>
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include "executor/launch_barrier.h"
 #include "ir/builder.h"
 #include "lowering/collectives.h"
 #include "runtime/pjrt_runtime.h"
@@ -226,4 +230,41 @@ TEST(Collectives, MeaninglessRequestsAreRefused) {
                std::invalid_argument);
   EXPECT_THROW(lowering::collective_module({CollectiveKind::ReduceScatter, ir::DType::F32, {5}, 2}),
                std::invalid_argument);
+}
+
+// The launch barrier: members pass together; one whose group is gone fails the waiting
+// ones at once; a late member is waited for up to the timeout, then named.
+TEST(LaunchBarrier, MembersPassTogetherAndALeftOrLateMemberFailsTheOthers) {
+  auto& barrier = executor::LaunchBarrier::get();
+  const std::vector<int64_t> devices{101, 102, 103};
+  for (int64_t d : devices) barrier.join(d);
+  std::vector<std::thread> members;
+  std::atomic<int> passed{0};
+  for (int64_t d : devices) members.emplace_back([&, d] {
+    barrier.arrive(7, devices, d);
+    ++passed;
+  });
+  for (auto& t : members) t.join();
+  EXPECT_EQ(passed.load(), 3);
+
+  std::thread leaving([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    barrier.leave(103);
+  });
+  try {
+    barrier.arrive(8, devices, 101, std::chrono::seconds(20));
+    ADD_FAILURE() << "a member whose group is gone did not fail the barrier";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("device 103"), std::string::npos) << e.what();
+  }
+  leaving.join();
+
+  barrier.join(103);
+  try {
+    barrier.arrive(9, devices, 101, std::chrono::milliseconds(100));
+    ADD_FAILURE() << "a late member was not reported";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("devices 102, 103"), std::string::npos) << e.what();
+  }
+  for (int64_t d : devices) barrier.leave(d);
 }
