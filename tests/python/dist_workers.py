@@ -725,6 +725,27 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return (p.full_tensor() if isinstance(p, DTensor) else p.detach()).cpu()
 
 
+def _train_compiled(model: nn.Module, model_fn: Callable[[], nn.Module],
+                    batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]],
+                    local_batch_fn: Callable[[int], tuple[torch.Tensor, torch.Tensor]], loss_divisor: int,
+                    what: str) -> float:
+    """STEPS of SGD on torch.compile(model), each on this rank's batch; each step's full
+    parameters against full-batch float64 training of model_fn on batch_fn's batches. The
+    worst relative error."""
+    compiled = torch.compile(model, backend="pjrt")
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    oracle = _step_oracle(model_fn, STEPS, batch_fn)
+    worst = 0.0
+    for step in range(STEPS):
+        x, y = local_batch_fn(step)
+        opt.zero_grad()
+        (F.mse_loss(compiled(x.to(dev())), y.to(dev())) / loss_divisor).backward()
+        opt.step()
+        worst = max(worst, _close_to_reference([_full(p) for p in model.parameters()], oracle[step], F32_RTOL,
+                                               f"{what}, step {step}"))
+    return worst
+
+
 @scenario
 def compiled_collectives(rank: int, world: int) -> dict[str, Any]:
     """Every functional collective inside one torch.compile program (each rank's device its
@@ -770,17 +791,7 @@ def tensor_parallel_compiled(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
     mesh = init_device_mesh("pjrt", (world,))
     model = _tensor_parallel_block(mesh)
-    compiled = torch.compile(model, backend="pjrt")
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    oracle = _step_oracle(_block, STEPS, _seq_batch)
-    worst = 0.0
-    for step in range(STEPS):
-        x, y = _seq_batch(step)
-        opt.zero_grad()
-        F.mse_loss(compiled(x.to(dev())), y.to(dev())).backward()
-        opt.step()
-        worst = max(worst, _close_to_reference([_full(p) for p in model.parameters()], oracle[step], F32_RTOL,
-                                               f"compiled tensor parallel, step {step}"))
+    worst = _train_compiled(model, _block, _seq_batch, _seq_batch, 1, "compiled tensor parallel")
     return {"max_rel_error": worst, **_compiled_report("compiled tensor parallel", programs=2 * world)}
 
 
@@ -796,17 +807,8 @@ def simple_fsdp_compiled(rank: int, world: int) -> dict[str, Any]:
     dist.init_process_group("pjrt", timeout=timeout())
     mesh = init_device_mesh("pjrt", (world,))
     model = data_parallel(_mlp().to(dev()), mesh, mode="fully_shard")
-    compiled = torch.compile(model, backend="pjrt")
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
-    oracle = _step_oracle(_mlp, STEPS, _batch)
-    worst = 0.0
-    for step in range(STEPS):
-        x, y = _local_batch(step, rank, world)
-        opt.zero_grad()
-        (F.mse_loss(compiled(x.to(dev())), y.to(dev())) / world).backward()
-        opt.step()
-        worst = max(worst, _close_to_reference([_full(p) for p in model.parameters()], oracle[step], F32_RTOL,
-                                               f"compiled SimpleFSDP, step {step}"))
+    worst = _train_compiled(model, _mlp, _batch, lambda step: _local_batch(step, rank, world), world,
+                            "compiled SimpleFSDP")
     return {"max_rel_error": worst, **_compiled_report("compiled SimpleFSDP", programs=2 * world)}
 
 
