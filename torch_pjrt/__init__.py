@@ -48,7 +48,7 @@ torch._register_device_module(DEVICE_NAME, device_module)  # also sys.modules["t
 device_module.__name__ = f"torch.{DEVICE_NAME}"
 torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True, for_storage=True)
 
-from . import _dispatch_fixes, autocast  # noqa: E402
+from . import _autograd_exit, _dispatch_fixes, autocast  # noqa: E402,F401  (_autograd_exit: its atexit handler)
 
 _dispatch_fixes.register()  # Module.to("pjrt") keeps shared parameters shared
 autocast.register()  # torch.autocast("pjrt", ...): fallthrough plus per-op casting policy

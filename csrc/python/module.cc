@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
@@ -177,6 +178,18 @@ PYBIND11_MODULE(_C, mod) {
     device::rt();
   });
   mod.def("_is_initialized", &device::runtime_ready);
+  // One backward per device through its autograd thread, made and run in C++ without
+  // the GIL: no Python object in its state, its tensors or its result (see
+  // torch_pjrt/_autograd_exit.py).
+  mod.def("_drain_autograd_device_threads", [] {
+    if (!device::runtime_ready()) return;
+    py::gil_scoped_release no_gil;
+    for (int index = 0; index < device::rt().device_count(); ++index) {
+      auto options = at::TensorOptions().device(c10::Device(c10::DeviceType::PrivateUse1, index));
+      at::Tensor leaf = at::empty({1}, options).requires_grad_(true);
+      torch::autograd::grad({leaf.view({1})}, {leaf}, {at::empty({1}, options)});
+    }
+  });
   mod.def("_device_count", &device::device_count_or_zero);
   mod.def("_platform", [] {
     auto& c = device::rt().client();
