@@ -4,15 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C, recompiles
+from . import _C, distributed, recompiles
 
 
 def metrics() -> dict[str, Any]:
     m = dict(_C._metrics())
     m["compiled"] = recompiles.compiled_stats()  # per torch.compile'd function
-    # Collectives by transport (one captured into a torch.compile program counts once, when
-    # captured), the bytes moved through the host, and the collective runs inside programs.
-    m["distributed"] = {**_C._transport_stats(), "in_programs": m.pop("collectives_in_programs")}
+    m.pop("collectives_in_programs")
+    m["distributed"] = distributed.transport_stats()
     return m
 
 

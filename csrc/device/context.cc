@@ -137,25 +137,72 @@ void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count,
 
 bool runtime_ready() { return runtime_slot() != nullptr; }
 
+namespace {
+// Makes the runtime (init_mutex held). Throws PjrtError from the plugin.
+void make_runtime(const RuntimeConfig& c, std::vector<runtime::ClientOption> options,
+                  std::shared_ptr<runtime::KeyValueStore> store) {
+  if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
+  runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
+                                                       c.cache_policy, std::move(store));
+  const std::string platform = runtime_slot()->client().platform_name();
+  ir::set_blocked_sums(platform == "cpu" || platform == "host");
+}
+
+const RuntimeConfig& checked_config() {
+  const RuntimeConfig& c = config();
+  TORCH_CHECK(c.configured, device_name(), ": the PJRT runtime is not configured (import torch_pjrt first)");
+  TORCH_CHECK(!c.plugin_path.empty(), device_name(), ": no PJRT plugin found. ", c.missing_message);
+  return c;
+}
+
+[[noreturn]] void plugin_failed(const RuntimeConfig& c, const runtime::PjrtError& e) {
+  TORCH_CHECK(false, device_name(), ": could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
+              c.missing_message);
+}
+}  // namespace
+
 executor::Runtime& rt() {
   if (runtime_slot()) return *runtime_slot();
   std::lock_guard<std::mutex> lock(init_mutex());
   if (runtime_slot()) return *runtime_slot();
-  const RuntimeConfig& c = config();
-  TORCH_CHECK(c.configured, device_name(), ": the PJRT runtime is not configured (import torch_pjrt first)");
-  TORCH_CHECK(!c.plugin_path.empty(), device_name(), ": no PJRT plugin found. ", c.missing_message);
-  std::vector<runtime::ClientOption> options;
-  if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
+  const RuntimeConfig& c = checked_config();
   try {
-    runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
-                                                             c.cache_policy);
-    const std::string platform = runtime_slot()->client().platform_name();
-    ir::set_blocked_sums(platform == "cpu" || platform == "host");
+    make_runtime(c, {}, nullptr);
   } catch (const runtime::PjrtError& e) {
-    TORCH_CHECK(false, device_name(), ": could not start the PJRT plugin '", c.plugin_path, "': ", e.what(), ". ",
-                c.missing_message);
+    plugin_failed(c, e);
   }
   return *runtime_slot();
+}
+
+std::string start_runtime_across_processes(int64_t node_id, int64_t num_nodes,
+                                           std::shared_ptr<runtime::KeyValueStore> store) {
+  std::lock_guard<std::mutex> lock(init_mutex());
+  if (runtime_slot()) {
+    return "the runtime had started before the process group (a device was used first), as a client of this "
+           "process's devices only";
+  }
+  const RuntimeConfig& c = checked_config();
+  std::string refused;
+  try {
+    make_runtime(c, {{"node_id", node_id}, {"num_nodes", num_nodes}}, std::move(store));
+  } catch (const runtime::PjrtError& e) {
+    refused = std::string("the plugin refused a client over ") + std::to_string(num_nodes) +
+              " processes (node_id/num_nodes with key-value callbacks): " + e.what();
+  }
+  if (!refused.empty()) {
+    try {
+      make_runtime(c, {}, nullptr);
+    } catch (const runtime::PjrtError& e) {
+      plugin_failed(c, e);
+    }
+    return refused;
+  }
+  const runtime::Client& client = runtime_slot()->client();
+  if (client.global_device_count() <= client.devices().size()) {
+    return "the plugin took node_id/num_nodes but its client holds only this process's " +
+           std::to_string(client.devices().size()) + " device(s)";
+  }
+  return "";
 }
 
 int device_count_or_zero() noexcept {

@@ -47,6 +47,12 @@ void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count,
                        const executor::DiskCachePolicy& cache_policy);
 bool runtime_ready();
 executor::Runtime& rt();
+// Starts the runtime with a client spanning `num_nodes` processes, this one
+// `node_id`, the plugin exchanging its topology through `store`. Returns "" when
+// the client spans them; else why not, the runtime then started (or already
+// running) as a client of this process's devices.
+std::string start_runtime_across_processes(int64_t node_id, int64_t num_nodes,
+                                           std::shared_ptr<runtime::KeyValueStore> store);
 int device_count_or_zero() noexcept;
 
 c10::DeviceAllocator* allocator();

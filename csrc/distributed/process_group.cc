@@ -5,6 +5,7 @@
 #include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
@@ -960,8 +961,51 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupPjrt::barrier(const c10d::BarrierOpti
   return done({}, c10d::OpType::BARRIER);
 }
 
+namespace {
+// The plugin's key-value store over the job's c10d Store (torchrun's, or the one
+// init_process_group was given).
+class StoreKeyValues : public runtime::KeyValueStore {
+ public:
+  explicit StoreKeyValues(c10::intrusive_ptr<c10d::Store> store) : store_(std::move(store)) {}
+
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    try {
+      store_->wait({key}, timeout);
+    } catch (const c10::Error& e) {
+      throw runtime::PjrtError(runtime::ErrorCode::kDeadlineExceeded,
+                               "no key " + key + " after " + std::to_string(timeout.count()) + " ms: " + e.what());
+    }
+    return text(store_->get(key));
+  }
+
+  std::optional<std::string> try_get(const std::string& key) override {
+    if (!store_->check({key})) return std::nullopt;
+    return text(store_->get(key));
+  }
+
+  void put(const std::string& key, const std::string& value) override {
+    store_->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+  }
+
+ private:
+  static std::string text(const std::vector<uint8_t>& bytes) { return {bytes.begin(), bytes.end()}; }
+  c10::intrusive_ptr<c10d::Store> store_;
+};
+}  // namespace
+
 void add_python_bindings(pybind11::module_& m) {
   namespace py = pybind11;
+  // Blocks while the plugin joins the other processes (their calls come through the store).
+  m.def(
+      "_start_runtime_across_processes",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int64_t node_id, int64_t num_nodes) {
+        TORCH_CHECK(store, "pjrt: no store to start the runtime across processes with");
+        TORCH_CHECK(num_nodes >= 1 && node_id >= 0 && node_id < num_nodes, "pjrt: process ", node_id, " of ",
+                    num_nodes, " is not a process of the job");
+        py::gil_scoped_release no_gil;
+        return device::start_runtime_across_processes(node_id, num_nodes, std::make_shared<StoreKeyValues>(store));
+      },
+      py::arg("store"), py::arg("node_id"), py::arg("num_nodes"));
   py::class_<ProcessGroupPjrt, c10d::Backend, c10::intrusive_ptr<ProcessGroupPjrt>>(m, "_ProcessGroupPjrt")
       // device_ids (every rank's global device id, all addressable here): the XLA
       // transport, with the host backend as its control channel; else host-staged.

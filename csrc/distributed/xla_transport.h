@@ -2,8 +2,8 @@
 // members' devices (lowering/collectives.h), each member launching its own
 // device's part; the bytes never leave the devices. Used where every member's
 // device is addressable by this process's client (ranks as threads of one
-// process: torch_pjrt.distributed.spawn); a plugin whose client spans processes
-// (node_id/num_nodes and a key-value store) would use it across processes too.
+// process: torch_pjrt.distributed.spawn). Not between processes yet, even over a
+// client that spans them: point to point copies and the launch barrier are in-process.
 #pragma once
 
 #include <chrono>

@@ -362,10 +362,10 @@ bool DiskCache::load_or_lock(const std::string& key, std::string* payload,
 
 Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
                  std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides,
-                 DiskCachePolicy cache_policy)
+                 DiskCachePolicy cache_policy, std::shared_ptr<runtime::KeyValueStore> store)
     : disk_(std::move(cache_dir), cache_policy) {
   auto api = runtime::Api::load(plugin_path);
-  client_ = std::make_unique<runtime::Client>(api, options, compile_overrides);
+  client_ = std::make_unique<runtime::Client>(api, options, compile_overrides, std::move(store));
   std::ostringstream id;
   id << "plugin=" << plugin_path;
   // The build: a reinstalled or rebuilt plugin at the same path is another plugin.

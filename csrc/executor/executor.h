@@ -144,7 +144,7 @@ class Runtime {
  public:
   Runtime(const std::string& plugin_path, const std::vector<runtime::ClientOption>& options,
           std::string cache_dir, const std::vector<runtime::CompileOverride>& compile_overrides = {},
-          DiskCachePolicy cache_policy = {});
+          DiskCachePolicy cache_policy = {}, std::shared_ptr<runtime::KeyValueStore> store = nullptr);
   ~Runtime();
 
   runtime::Client& client() { return *client_; }

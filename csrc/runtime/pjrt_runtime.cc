@@ -403,11 +403,72 @@ std::string LoadedExecutable::serialize() const {
 
 // ---------------------------------------------------------------- Client
 
+namespace {
+// The callbacks run on plugin threads: no exception may cross back into the plugin.
+PJRT_Error* callback_failure(PJRT_CallbackError* make_error, const std::exception& e) {
+  const auto* pjrt = dynamic_cast<const PjrtError*>(&e);
+  auto code = static_cast<PJRT_Error_Code>(pjrt ? static_cast<int>(pjrt->code()) : PJRT_Error_Code_INTERNAL);
+  std::string message = std::string("key-value store: ") + e.what();
+  return (*make_error)(code, message.data(), message.size());
+}
+
+char* copy_value(const std::string& value) {
+  char* out = new char[value.size() + 1];
+  std::memcpy(out, value.data(), value.size());
+  out[value.size()] = '\0';
+  return out;
+}
+
+void delete_value(char* value) { delete[] value; }
+
+PJRT_Error* kv_get(PJRT_KeyValueGetCallback_Args* args) {
+  try {
+    auto* store = static_cast<KeyValueStore*>(args->user_arg);
+    std::string value = store->get(std::string(args->key, args->key_size),
+                                   std::chrono::milliseconds(args->timeout_in_ms));
+    args->value = copy_value(value);
+    args->value_size = value.size();
+    args->value_deleter_callback = delete_value;
+    return nullptr;
+  } catch (const std::exception& e) {
+    return callback_failure(args->callback_error, e);
+  }
+}
+
+PJRT_Error* kv_try_get(PJRT_KeyValueTryGetCallback_Args* args) {
+  try {
+    auto* store = static_cast<KeyValueStore*>(args->user_arg);
+    std::string key(args->key, args->key_size);
+    std::optional<std::string> value = store->try_get(key);
+    if (!value) throw PjrtError(ErrorCode::kNotFound, "no key " + key);
+    args->value = copy_value(*value);
+    args->value_size = value->size();
+    args->value_deleter_callback = delete_value;
+    return nullptr;
+  } catch (const std::exception& e) {
+    return callback_failure(args->callback_error, e);
+  }
+}
+
+PJRT_Error* kv_put(PJRT_KeyValuePutCallback_Args* args) {
+  try {
+    static_cast<KeyValueStore*>(args->user_arg)->put(std::string(args->key, args->key_size),
+                                                     std::string(args->value, args->value_size));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return callback_failure(args->callback_error, e);
+  }
+}
+}  // namespace
+
+KeyValueCallbacks key_value_callbacks() { return {kv_get, kv_try_get, kv_put}; }
+
 Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options,
-               const std::vector<CompileOverride>& compile_overrides)
+               const std::vector<CompileOverride>& compile_overrides, std::shared_ptr<KeyValueStore> store)
     : api_(std::move(api)),
       compile_overrides_(compile_overrides),
-      compile_options_(encode_compile_options(compile_overrides)) {
+      compile_options_(encode_compile_options(compile_overrides)),
+      store_(std::move(store)) {
   std::vector<PJRT_NamedValue> named(options.size());
   for (size_t i = 0; i < options.size(); ++i) {
     std::memset(&named[i], 0, sizeof(PJRT_NamedValue));
@@ -421,6 +482,15 @@ Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& 
   auto args = ARGS(PJRT_Client_Create_Args);
   args.create_options = named.data();
   args.num_options = named.size();
+  if (store_) {
+    const KeyValueCallbacks callbacks = key_value_callbacks();
+    args.kv_get_callback = callbacks.get;
+    args.kv_get_user_arg = store_.get();
+    args.kv_try_get_callback = callbacks.try_get;
+    args.kv_try_get_user_arg = store_.get();
+    args.kv_put_callback = callbacks.put;
+    args.kv_put_user_arg = store_.get();
+  }
   TORCH_PJRT_CALL(*api_, PJRT_Client_Create, &args, "PJRT_Client_Create");
   client_ = args.client;
 
@@ -440,6 +510,20 @@ Client::~Client() {
     api_->throw_if_error(err, "PJRT_Client_Destroy");
   } catch (const PjrtError&) {
   }
+}
+
+size_t Client::global_device_count() const {
+  auto args = ARGS(PJRT_Client_Devices_Args);
+  args.client = client_;
+  TORCH_PJRT_CALL(*api_, PJRT_Client_Devices, &args, "PJRT_Client_Devices");
+  return args.num_devices;
+}
+
+int Client::process_index() const {
+  auto args = ARGS(PJRT_Client_ProcessIndex_Args);
+  args.client = client_;
+  TORCH_PJRT_CALL(*api_, PJRT_Client_ProcessIndex, &args, "PJRT_Client_ProcessIndex");
+  return args.process_index;
 }
 
 std::string Client::platform_name() const {

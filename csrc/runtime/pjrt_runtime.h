@@ -3,10 +3,12 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <variant>
@@ -194,10 +196,36 @@ struct CompileOverride {
 std::string encode_compile_options(const std::vector<CompileOverride>& overrides,
                                    const std::vector<int64_t>& replica_devices = {});
 
+// A key-value store shared by the processes of one job (a c10d Store behind it):
+// a plugin whose client spans processes (node_id/num_nodes) exchanges its
+// topology and collective ids through it. Implementations are thread-safe.
+class KeyValueStore {
+ public:
+  virtual ~KeyValueStore() = default;
+  // Blocks until `key` is set; throws PjrtError(kDeadlineExceeded) after `timeout`.
+  virtual std::string get(const std::string& key, std::chrono::milliseconds timeout) = 0;
+  // The value, or nullopt at once when `key` is not set.
+  virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  virtual void put(const std::string& key, const std::string& value) = 0;
+};
+
+// The PJRT C API's key-value callbacks over a KeyValueStore (passed as the
+// callbacks' user argument); an exception becomes the plugin's error.
+struct KeyValueCallbacks {
+  PJRT_KeyValueGetCallback get;
+  PJRT_KeyValueTryGetCallback try_get;
+  PJRT_KeyValuePutCallback put;
+};
+KeyValueCallbacks key_value_callbacks();
+
 class Client {
  public:
+  // With `store`, the plugin gets key-value callbacks over it (kept alive as long
+  // as the client): what a client spanning processes needs, with the options
+  // node_id and num_nodes.
   Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& options,
-         const std::vector<CompileOverride>& compile_overrides = {});
+         const std::vector<CompileOverride>& compile_overrides = {},
+         std::shared_ptr<KeyValueStore> store = nullptr);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
@@ -206,7 +234,12 @@ class Client {
   const std::shared_ptr<const Api>& api_ptr() const { return api_; }
   std::string platform_name() const;
   std::string platform_version() const;
+  // This process's devices (the addressable ones).
   const std::vector<Device>& devices() const { return devices_; }
+  // Every process's devices (a client spanning processes has more than devices()).
+  size_t global_device_count() const;
+  // This process's index among the client's processes (0 when it spans one).
+  int process_index() const;
 
   // Copies host data (dense row-major) to a new device buffer; the copy is
   // complete when this returns, so `data` may be reused at once.
@@ -228,6 +261,7 @@ class Client {
   std::vector<Device> devices_;
   std::vector<CompileOverride> compile_overrides_;
   std::string compile_options_;
+  std::shared_ptr<KeyValueStore> store_;  // the plugin may call back into it at any time
 };
 
 }  // namespace torch_pjrt::runtime

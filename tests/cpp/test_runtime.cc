@@ -9,6 +9,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <optional>
+#include <mutex>
+#include <map>
+#include <condition_variable>
 #include <thread>
 
 #include "executor/executor.h"
@@ -60,6 +64,111 @@ TEST(Runtime, ClientHasRequestedDevices) {
   EXPECT_EQ(client->devices().size(), 2u);
   EXPECT_EQ(client->platform_name(), "cpu");
   EXPECT_GE(client->api().minor_version(), 1);
+}
+
+// The key-value store the plugin reaches through its callbacks (what a client over
+// several processes exchanges its topology with), in memory.
+class MemoryStore : public runtime::KeyValueStore {
+ public:
+  std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return values_.count(key) > 0; })) {
+      throw runtime::PjrtError(runtime::ErrorCode::kDeadlineExceeded, "no " + key);
+    }
+    return values_[key];
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = values_.find(key);
+    return it == values_.end() ? std::nullopt : std::optional<std::string>(it->second);
+  }
+  void put(const std::string& key, const std::string& value) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      values_[key] = value;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::string> values_;
+};
+
+// What the plugin's PJRT_CallbackError would make: the code and message, kept.
+PJRT_Error_Code g_callback_code;
+std::string g_callback_message;
+PJRT_Error* record_callback_error(PJRT_Error_Code code, const char* message, size_t size) {
+  g_callback_code = code;
+  g_callback_message.assign(message, size);
+  static char sentinel;
+  return reinterpret_cast<PJRT_Error*>(&sentinel);
+}
+
+TEST(Runtime, KeyValueCallbacksReachTheStoreAndReportItsErrors) {
+  MemoryStore store;
+  runtime::KeyValueCallbacks callbacks = runtime::key_value_callbacks();
+  PJRT_CallbackError make_error = record_callback_error;
+  std::string value("topology\0bytes", 14);  // values are bytes, zeros included
+  PJRT_KeyValuePutCallback_Args put{};
+  put.struct_size = PJRT_KeyValuePutCallback_Args_STRUCT_SIZE;
+  put.key = "node/1";
+  put.key_size = 6;
+  put.value = value.data();
+  put.value_size = value.size();
+  put.callback_error = &make_error;
+  put.user_arg = &store;
+  EXPECT_EQ(callbacks.put(&put), nullptr);
+
+  // A get blocks until another process puts the key: here a thread, a moment later.
+  std::thread late([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    store.put("node/0", "first");
+  });
+  PJRT_KeyValueGetCallback_Args get{};
+  get.struct_size = PJRT_KeyValueGetCallback_Args_STRUCT_SIZE;
+  get.key = "node/0";
+  get.key_size = 6;
+  get.timeout_in_ms = 10000;
+  get.callback_error = &make_error;
+  get.user_arg = &store;
+  EXPECT_EQ(callbacks.get(&get), nullptr);
+  late.join();
+  EXPECT_EQ(std::string(get.value, get.value_size), "first");
+  get.value_deleter_callback(get.value);
+
+  PJRT_KeyValueTryGetCallback_Args try_get{};
+  try_get.struct_size = PJRT_KeyValueTryGetCallback_Args_STRUCT_SIZE;
+  try_get.key = "node/1";
+  try_get.key_size = 6;
+  try_get.callback_error = &make_error;
+  try_get.user_arg = &store;
+  EXPECT_EQ(callbacks.try_get(&try_get), nullptr);
+  EXPECT_EQ(std::string(try_get.value, try_get.value_size), value);
+  try_get.value_deleter_callback(try_get.value);
+
+  // A missing key: NOT_FOUND at once from try_get, DEADLINE_EXCEEDED after get's timeout;
+  // the store's exception becomes the plugin's error, never an exception through C.
+  try_get.key = "node/2";
+  EXPECT_NE(callbacks.try_get(&try_get), nullptr);
+  EXPECT_EQ(g_callback_code, PJRT_Error_Code_NOT_FOUND);
+  EXPECT_NE(g_callback_message.find("node/2"), std::string::npos) << g_callback_message;
+  get.key = "node/2";
+  get.timeout_in_ms = 20;
+  EXPECT_NE(callbacks.get(&get), nullptr);
+  EXPECT_EQ(g_callback_code, PJRT_Error_Code_DEADLINE_EXCEEDED);
+}
+
+// XLA's CPU plugin takes node_id/num_nodes and the callbacks, and still makes a client
+// of this process's devices only (it cannot join processes): what torch_pjrt reports.
+TEST(Runtime, TheCpuPluginsClientSpansOneProcessWhateverItIsTold) {
+  auto api = runtime::Api::load(plugin_path());
+  auto store = std::make_shared<MemoryStore>();
+  runtime::Client client(api, {{"node_id", 0}, {"num_nodes", 2}, {"cpu_device_count", 2}}, {}, store);
+  EXPECT_EQ(client.devices().size(), 2u);
+  EXPECT_EQ(client.global_device_count(), 2u);
+  EXPECT_EQ(client.process_index(), 0);
 }
 
 TEST(Runtime, BufferRoundTrip) {

@@ -299,7 +299,8 @@ def collectives(rank: int, world: int) -> dict[str, Any]:
 
     dist.barrier()
     dist.destroy_process_group()
-    return {"checked": checked, "compiled_eager_reasons": eager_reasons}
+    return {"checked": checked, "compiled_eager_reasons": eager_reasons,
+            "processes": torch_pjrt.metrics()["distributed"]["processes"]}
 
 
 def _gathered(x: torch.Tensor, world: int) -> list[torch.Tensor]:

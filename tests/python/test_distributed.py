@@ -88,6 +88,13 @@ def test_every_collective_matches_gloo_on_cpu(tmp_path: Any, mode: str) -> None:
     assert len(reports[0]["checked"]) > 50, reports[0]["checked"]
     # A compiled graph holding a collective runs eagerly, and says why.
     assert any("collective" in why for why in reports[0]["compiled_eager_reasons"]), reports[0]
+    # The group asked the plugin for one client over both processes (node_id/num_nodes, the
+    # key-value exchange through the group's store); XLA's CPU plugin takes the options
+    # and still makes a client of this process's device only, and that is what is reported.
+    for r in reports:
+        processes = r["processes"]
+        assert processes["spanned"] == 1 and processes["of"] == 2, processes
+        assert "holds only this process's 1 device" in processes["why_not"], processes
 
 
 def test_bad_input_raises_on_every_rank_and_the_group_survives(tmp_path: Any) -> None:

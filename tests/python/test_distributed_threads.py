@@ -41,6 +41,7 @@ def test_every_collective_matches_gloo_bit_for_bit_over_two_rank_threads(tmp_pat
     # its compiled graph holding a collective stayed one program
     assert all(r["compiled_eager_reasons"] == [] for r in reports), reports
     assert result["transport"]["in_programs"] > 0, result["transport"]
+    assert all(r["processes"] is None for r in reports), reports  # one process: no client across processes
 
 
 def test_with_collectives_kept_out_of_programs_a_compiled_graph_runs_eagerly_and_says_why(tmp_path: Path) -> None:

@@ -154,3 +154,21 @@ def test_fused_adamw_bias_correction_is_as_exact_as_float32(dev):
         results[device if device == "cpu" else "dev"] = p.detach().cpu().double()
     err = ((results["dev"] - results["cpu"]).abs() / results["cpu"].abs()).max().item()
     assert err < 32 * torch.finfo(torch.float32).eps, err
+
+
+def test_cross_process_collectives_are_probed_and_the_cpu_plugins_limit_reported(tmp_path):
+    """Two processes ask XLA's CPU plugin for one client over both: it takes node_id/num_nodes
+    and still makes a client of each process's device, and the check says so (SKIP, from
+    what it saw), the all-reduce between them right through the host."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "verdicts.json"
+    r = subprocess.run([sys.executable, "-m", "torch_pjrt.qualify", "--only", "collectives.cross-process",
+                        "--json", str(out)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    verdicts = {v["name"]: v for v in json.loads(out.read_text())["verdicts"]}
+    verdict = verdicts["collectives.cross-process"]
+    assert verdict["status"] == "SKIP", verdict
+    assert "holds only this process's 1 device" in verdict["detail"] and "values right" in verdict["detail"], verdict

@@ -52,7 +52,31 @@ def _select_local_device() -> None:
         device_module.set_device(int(local_rank) % count)
 
 
+# How this process's PJRT client relates to the job's other processes: None until a
+# group of several processes starts the runtime (see _start_runtime_across_processes).
+_processes: dict[str, Any] | None = None
+
+
+def _start_runtime_across_processes(store: dist.Store, rank: int, size: int) -> None:
+    """A group of `size` processes whose runtime has not started yet asks the plugin for
+    one client over all of them (node_id = rank, num_nodes = size, the plugin's key-value
+    exchange through the group's store), so that their devices could join in programs.
+    A plugin that cannot (XLA's CPU plugin) gets a client of this process's devices, and
+    the reason is kept for metrics()["distributed"]["processes"] and qualification.
+    Ranks as threads of one process never come here: their runtime is already running."""
+    global _processes
+    if _processes is not None or _C._is_initialized():
+        return
+    if os.environ.get("TORCH_PJRT_DIST_TRANSPORT", "auto") == "host":
+        _processes = {"spanned": 1, "of": size, "why_not": "TORCH_PJRT_DIST_TRANSPORT=host"}
+        return
+    why_not = _C._start_runtime_across_processes(dist.PrefixStore("pjrt_client/", store), rank, size)
+    _processes = {"spanned": 1 if why_not else size, "of": size, "why_not": why_not}
+
+
 def _create_backend(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> object:
+    if size > 1:
+        _start_runtime_across_processes(store, rank, size)
     _select_local_device()
     return _make_backend(store, rank, size, timeout)
 
@@ -109,8 +133,11 @@ def transport_stats() -> dict[str, Any]:
     """Collectives run in this process by transport ("xla", "host (gloo)"; one captured
     into a torch.compile program counts once, when captured), the bytes the host-staged
     transport moved through the host, and "in_programs": the collective runs inside
-    compiled programs (every replay counts)."""
-    return {**_C._transport_stats(), "in_programs": _C._metrics()["collectives_in_programs"]}
+    compiled programs (every replay counts). "processes", once a group of several processes
+    started the runtime: how many of them its client spans ("spanned" of "of"; 1 when the
+    plugin cannot join processes) and, if not all, why not."""
+    return {**_C._transport_stats(), "in_programs": _C._metrics()["collectives_in_programs"],
+            "processes": _processes}
 
 
 def register() -> None:

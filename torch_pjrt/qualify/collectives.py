@@ -10,10 +10,14 @@
   host. It runs in a child process (`python -m torch_pjrt.qualify.collectives N OUT`):
   the CPU plugin makes its devices at start (TORCH_PJRT_CPU_DEVICES), and a failing
   collective must not take the battery down with it.
-- `collectives.cross-process`: device collectives between processes need a client that
-  spans them (`node_id`/`num_nodes` with key-value callbacks at client creation), which
-  torch_pjrt does not create yet; such ranks use the host-staged transport (gloo). The
-  check says so (SKIP), for every plugin, instead of passing on the host path.
+- `collectives.cross-process`: two processes (`python -m torch_pjrt.qualify.collectives
+  processes RANK 2 STORE OUT`) make a `pjrt` group, which asks the plugin for one client
+  over both (`node_id`/`num_nodes`, its key-value exchange through the group's store),
+  and run an all-reduce. What the plugin did is reported as observed: a client of each
+  process's devices only (XLA's CPU plugin takes the options and cannot join processes)
+  is a SKIP naming that; so is a client over both processes, because torch_pjrt's XLA
+  transport does not run between processes yet (its collectives go through the host).
+  The all-reduce's values are checked either way.
 """
 
 from __future__ import annotations
@@ -230,15 +234,57 @@ def devices_check(device_count: int, is_cpu_plugin: bool) -> str:
            f"{stats['in_programs']} more inside compiled programs, 0 bytes through the host"
 
 
-CROSS_PROCESS_SKIP = ("device collectives between processes need a PJRT client that spans them (node_id/num_nodes "
-                      "and key-value callbacks at client creation), which torch_pjrt does not create yet; ranks in "
-                      "separate processes use the host-staged gloo transport (XLA's CPU plugin cannot join devices "
-                      "across processes in any case)")
+class Unsupported(Exception):
+    """What the plugin cannot do, as observed: the check's verdict is SKIP, with this reason."""
+
+
+def _process_rank(rank: int, world: int, store_path: str, out: str) -> None:
+    """One of `world` processes: a pjrt group over a file store, one all-reduce."""
+    from torch_pjrt.distributed import DEVICE, transport_stats
+
+    dist.init_process_group("pjrt", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
+    got = _inputs((64,), torch.float32, 7, rank).to(DEVICE)
+    dist.all_reduce(got)
+    terms = torch.stack([_inputs((64,), torch.float32, 7, r) for r in range(world)]).double()
+    # a float32 sum of `world` terms in any order: within (world + 1) half-ulps of their magnitudes
+    _expect(got, terms.sum(0), "all_reduce between processes", bound=(world + 1) * 2 ** -24 * terms.abs().sum(0))
+    dist.destroy_process_group()
+    with open(out, "w") as f:
+        json.dump(transport_stats(), f)
+
+
+def cross_process_check() -> str:
+    world = 2
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        procs = [subprocess.Popen([sys.executable, "-m", "torch_pjrt.qualify.collectives", "processes", str(rank),
+                                   str(world), os.path.join(tmp, "store"), os.path.join(tmp, f"{rank}.json")],
+                                  env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for rank in range(world)]
+        outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+        failed = [f"process {rank}: {out[-2000:]}" for rank, (p, out) in enumerate(zip(procs, outputs))
+                  if p.returncode != 0]
+        if failed:
+            raise AssertionError("\n".join(failed))
+        stats = []
+        for rank in range(world):
+            with open(os.path.join(tmp, f"{rank}.json")) as f:
+                stats.append(json.load(f))
+    processes = stats[0]["processes"]
+    if processes["why_not"]:
+        raise Unsupported(f"no client over {world} processes: {processes['why_not']}; their collectives (values "
+                          f"right) went through the host (gloo)")
+    raise Unsupported(f"the plugin's client spans the {world} processes, but torch_pjrt's XLA transport does not "
+                      f"run between processes yet: their collectives (values right) went through the host")
 
 
 def main() -> None:
     from torch_pjrt.distributed import spawn, transport_stats
 
+    if sys.argv[1] == "processes":
+        _process_rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])
+        return
     world, out = int(sys.argv[1]), sys.argv[2]
     reports = spawn(rank_checks, args=(world,), nprocs=world, prefix_output=True)
     with open(out, "w") as f:
