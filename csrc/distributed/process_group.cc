@@ -569,6 +569,10 @@ c10::intrusive_ptr<c10d::Backend::Options> ProcessGroupPjrt::getBackendOptions()
 
 ProcessGroupPjrt::~ProcessGroupPjrt() = default;
 
+void ProcessGroupPjrt::shutdown() { transport_->shutdown(); }
+
+void ProcessGroupPjrt::abort() { transport_->shutdown(); }
+
 void ProcessGroupPjrt::agree(const Signature& sig) {
   if (!check_) return;
   // [type, root, reduce op, count, dtype, ndim, dims..., shape hash, splits...]

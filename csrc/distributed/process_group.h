@@ -53,6 +53,9 @@ class Transport {
   // Whether a collective on `t` goes into the program being captured on t's device
   // (torch.compile) rather than running now: then nothing pending is flushed first.
   virtual bool in_program(const at::Tensor& /*t*/) { return false; }
+  // The group is destroyed (c10d's shutdown or abort), though the backend object may live
+  // on (a compiled function's cache keeps it): peers must stop waiting for this rank.
+  virtual void shutdown() {}
   virtual c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) = 0;
   // src < 0: from any rank (Work::sourceRank says which).
   virtual c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, int tag) = 0;
@@ -74,6 +77,9 @@ class ProcessGroupPjrt final : public c10d::Backend {
                    MakeSubgroup make_subgroup = {},
                    std::chrono::milliseconds timeout = ::kBackendDefaultTimeout);
   ~ProcessGroupPjrt() override;
+  // destroy_process_group: this rank leaves its transport's group at once.
+  void shutdown() override;
+  void abort() override;
 
   const std::string getBackendName() const override { return "pjrt"; }
   std::string transport_name() const { return transport_->name(); }

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -331,7 +332,10 @@ class XlaTransport final : public Transport {
     }
     executor::LaunchBarrier::get().join(device_ids_[rank_]);
   }
-  ~XlaTransport() override {
+  ~XlaTransport() override { shutdown(); }
+
+  void shutdown() override {
+    if (left_.exchange(true)) return;
     Mailbox::get().leave(group_, rank_, size_);
     executor::LaunchBarrier::get().leave(device_ids_[rank_]);  // compiled programs' peers stop waiting for it
   }
@@ -498,6 +502,7 @@ class XlaTransport final : public Transport {
   std::vector<int> local_index_;  // each member's device as this process numbers them
   std::chrono::milliseconds timeout_;
   bool in_programs_;
+  std::atomic<bool> left_{false};  // shut down: this rank is out of the group's mailbox and launch barrier
   std::string group_;  // the mailbox's name for this group
   int group_hash_ = 0;
   uint64_t launches_ = 0;

@@ -958,6 +958,24 @@ def one_rank_raises(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def one_rank_raises_before_a_compiled_step(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 raises before the second call of a compiled step that holds a collective
+    (inside its program): the others, launching their part, raise too, in time."""
+    import torch.distributed._functional_collectives as funcol
+    dist.init_process_group("pjrt", timeout=timeout())
+    step = torch.compile(lambda t: funcol.all_reduce(t * 2, "sum", dist.group.WORLD) + 1, backend="pjrt")
+    exact(step(torch.ones(2, device=dev())), torch.full((2,), 2.0 * world + 1), "the compiled step")
+    if rank == 1:
+        raise RuntimeError("rank 1 gives up")
+    start = time.monotonic()
+    try:
+        step(torch.ones(2, device=dev())).cpu()
+    except Exception as e:  # noqa: BLE001  (what the test wants to see)
+        raise RuntimeError(f"the compiled step failed after {time.monotonic() - start:.1f} s: {e}") from e
+    return {"no error": True}
+
+
+@scenario
 def a_late_rank(rank: int, world: int) -> dict[str, Any]:
     """Rank 0 comes late to each all-reduce while the others queue hundreds of programs
     behind their part of it (more than PJRT lets a device hold in flight, so their launches

@@ -142,6 +142,19 @@ def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
     assert "[rank0]: [rank1]" not in proc.stderr and "[rank1]: [rank0]" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_rank_that_raises_before_a_compiled_step_fails_the_others_at_once(tmp_path: Path) -> None:
+    # The compiled function's cache keeps rank 1's process group object alive after it is
+    # destroyed: leaving the group must not wait for that object to go.
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", DIST_TEST_TIMEOUT="60", TORCH_PJRT_DIST_IN_PROGRAMS="1")
+    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises_before_a_compiled_step",
+                           "2", str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
+    assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
+    assert "rank 0 raised" in proc.stderr and "the compiled step failed after 0." in proc.stderr, proc.stderr[-3000:]
+    assert "whose process group is gone" in proc.stderr, proc.stderr[-3000:]
+
+
 def test_the_launcher_runs_a_torchrun_script_once_per_rank_thread(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(
