@@ -44,49 +44,12 @@ Reduction reduction_of(RedOp op) {
   }
 }
 
-// Compiled collective programs of this process, shared by its ranks (threads
-// compiling the same program wait for the first).
-class ProgramCache {
- public:
-  static ProgramCache& get() {
-    static ProgramCache* cache = new ProgramCache();  // leaked: executables outlive static teardown order issues
-    return *cache;
-  }
-  const runtime::LoadedExecutable& program(const std::string& module, const std::vector<int64_t>& devices) {
-    std::string key = module;
-    for (int64_t d : devices) key += "," + std::to_string(d);
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      auto it = programs_.find(key);
-      if (it != programs_.end()) return *it->second;
-      if (!compiling_.count(key)) break;
-      ready_.wait(lock);
-    }
-    compiling_.insert(key);
-    lock.unlock();
-    std::unique_ptr<runtime::LoadedExecutable> exe;
-    try {
-      exe = device::rt().client().compile(module, devices);
-    } catch (...) {
-      lock.lock();
-      compiling_.erase(key);
-      ready_.notify_all();
-      throw;
-    }
-    lock.lock();
-    compiling_.erase(key);
-    auto& slot = programs_[key];
-    slot = std::move(exe);
-    ready_.notify_all();
-    return *slot;
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable ready_;
-  std::map<std::string, std::unique_ptr<runtime::LoadedExecutable>> programs_;
-  std::set<std::string> compiling_;
-};
+// How metrics and errors name a collective program.
+const char* op_name(lowering::CollectiveKind kind) {
+  static const char* const kNames[] = {"c10d::all_reduce", "c10d::all_gather", "c10d::reduce_scatter",
+                                       "c10d::all_to_all"};
+  return kNames[static_cast<int>(kind)];
+}
 
 // Point to point between the ranks of this process: a send copies its tensor to the
 // receiver's device (device to device) and posts it at once, as a buffered send. A receive
@@ -458,10 +421,17 @@ class XlaTransport final : public Transport {
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK(false, "pjrt: ", e.what());
     }
-    const runtime::LoadedExecutable& exe = ProgramCache::get().program(module, device_ids_);
+    // The runtime's cache: threads asking for a program another is compiling share its
+    // executable (the replicas of one executable join), and the disk tier keeps it.
+    ir::Key key;
+    key.mix(0xC011EC7ULL);  // a collective program's text, not a graph's structure
+    key.mix(module);
+    auto exe = device::rt().get_executable(key, [&] { return module; },
+                                           [&] { return std::string(op_name(spec.kind)); },
+                                           device_ids_);
     const int index = static_cast<int>(input.device().index());
     const int launch = group_hash_ | static_cast<int>(++launches_ & 0xffff);
-    auto outputs = exe.execute(device::rt().device(index), {buffer->raw()}, nullptr, nullptr, launch);
+    auto outputs = exe->execute(device::rt().device(index), {buffer->raw()}, nullptr, nullptr, launch);
     const int64_t n = lowering::collective_output_elements(spec);
     at::Tensor result = at::empty({n}, input.options());
     device::assign(device::state_of(result), std::shared_ptr<runtime::Buffer>(std::move(outputs.at(0))), {n},
@@ -471,9 +441,7 @@ class XlaTransport final : public Transport {
 
   // `spec` on `input` as ops of the program being captured; the result is pending there.
   at::Tensor record(CollectiveSpec spec, const at::Tensor& input) {
-    static const char* const kNames[] = {"c10d::all_reduce", "c10d::all_gather", "c10d::reduce_scatter",
-                                         "c10d::all_to_all"};
-    device::OpBuilder op(kNames[static_cast<int>(spec.kind)]);
+    device::OpBuilder op(op_name(spec.kind));
     op.set_device(static_cast<int>(input.device().index()));
     ir::Value value = op.input(input);
     spec.dtype = device::to_ir(input.scalar_type());

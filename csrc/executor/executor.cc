@@ -417,7 +417,7 @@ void Runtime::set_memory_cache_capacity(size_t capacity) {
 }
 
 void Runtime::evict_locked() {
-  while (memory_.size() > capacity_) {
+  while (recency_.size() > capacity_) {
     const ir::Key* oldest = recency_.back();
     recency_.pop_back();
     memory_.erase(*oldest);
@@ -440,7 +440,7 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
       auto it = memory_.find(found_by);
       if (it != memory_.end()) {
         metrics().memory_cache_hits++;
-        recency_.splice(recency_.begin(), recency_, it->second.recency);
+        if (!it->second.replicated) recency_.splice(recency_.begin(), recency_, it->second.recency);
         return it->second.exe;
       }
       if (!compiling_.count(found_by)) break;
@@ -506,8 +506,8 @@ std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key
     compiling.reset();  // the entry is written (or cannot be): waiters go on
   }
   std::lock_guard<std::mutex> lock(mu_);
-  auto [it, inserted] = memory_.try_emplace(found_by, Entry{exe, {}});
-  if (inserted) {
+  auto [it, inserted] = memory_.try_emplace(found_by, Entry{exe, {}, !replica_devices.empty()});
+  if (inserted && !it->second.replicated) {
     recency_.push_front(&it->first);
     it->second.recency = recency_.begin();
     evict_locked();

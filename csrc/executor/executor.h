@@ -177,9 +177,13 @@ class Runtime {
   std::string identity_;
   DiskCache disk_;
   std::mutex mu_;
+  // A program over replica devices is never evicted (it has no recency position): rank
+  // threads must launch parts of the very same executable every time, since the replicas
+  // of two executables never join in XLA's collectives.
   struct Entry {
     std::shared_ptr<runtime::LoadedExecutable> exe;
-    std::list<const ir::Key*>::iterator recency;  // position in recency_
+    std::list<const ir::Key*>::iterator recency;  // position in recency_, when not replicated
+    bool replicated = false;
   };
   std::unordered_map<ir::Key, Entry, ir::KeyHash> memory_;
   std::unordered_set<ir::Key, ir::KeyHash> compiling_;  // keys a thread is compiling (or loading) now

@@ -455,6 +455,27 @@ TEST(Executor, MemoryCacheEvictsLeastRecentlyUsed) {
 }
 
 
+// A program over several devices stays, whatever the bound: rank threads must launch
+// parts of the very same executable each time (two executables' replicas never join).
+TEST(Executor, AProgramOverSeveralDevicesIsNeverEvicted) {
+  executor::Runtime rt(plugin_path(), {{"cpu_device_count", 2}}, "");
+  rt.set_memory_cache_capacity(1);
+  const std::string collective =
+      lowering::collective_module({lowering::CollectiveKind::AllReduce, ir::DType::F32, {3}, 2});
+  ir::Key key;
+  key.mix(collective);
+  auto over_two = [&] { return rt.get_executable(key, [&] { return collective; }, [] { return "all_reduce"; }, {0, 1}); };
+  auto first = over_two();
+  for (int64_t n = 1; n <= 3; ++n) {
+    ir::Graph g;
+    ir::Builder b(g);
+    g.set_outputs({b.unary("negate", g.param({ir::DType::F32, {n}}))});
+    get(rt, g.to_mlir(), "neg");  // each evicts the last single-device program
+  }
+  EXPECT_EQ(over_two().get(), first.get());
+  EXPECT_EQ(rt.memory_cache_size(), 2u);  // the replicated program and the newest other
+}
+
 // A program over several devices, each device's part launched by its own thread
 // (as each rank of a process group launches its own): the plugin joins them.
 TEST(Runtime, ReplicatedProgramLaunchedPerDeviceFromThreads) {
