@@ -228,3 +228,44 @@ def test_torchao_int8_inference_equals_cpu(dev: torch.device, config: str) -> No
     float_out = base(x).detach()
     assert (outputs[0] - float_out).abs().max() < 0.05 * float_out.abs().max()  # it did quantize, not much
     assert not torch.equal(outputs[0], float_out)
+
+
+@pytest.mark.parametrize("granularity", ["tensorwise", "rowwise"])
+def test_torchao_float8_dynamic_activation_inference_equals_cpu(dev: torch.device, granularity: str,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    # Float8DynamicActivationFloat8WeightConfig: float8 weights, activations cast to float8 per
+    # call, torch._scaled_mm with tensorwise or rowwise scales. torchao's hardware check
+    # refuses this CPU (it knows recent CUDA, MI300+ and XPU), and the torchao patch lets a
+    # pjrt model through; the CPU reference skips the check here, in the test alone. float8
+    # products are exact and both sum them in float32: a rounding apart in the first layer's
+    # bfloat16 output may move one second-layer activation across a float8 rounding boundary
+    # (2^-4 of its size), so the bound is 2^-4 of the output's scale; a wrong scale, transpose
+    # or cast is off by the size of the output.
+    import torch_pjrt
+    import torchao.quantization.quant_api as quant_api
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
+    from torchao.quantization.quantize_.workflows import Float8Tensor
+
+    config = Float8DynamicActivationFloat8WeightConfig(granularity=PerTensor() if granularity == "tensorwise"
+                                                       else PerRow())
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32)).bfloat16()
+    x = torch.randn(16, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    with pytest.raises(AssertionError, match="Float8 dynamic quantization requires"):
+        quantize_(copy.deepcopy(base), config)  # CPU weights: torchao's own check still decides
+    assert "torchao.float8_inference_hardware" in torch_pjrt.integrations.applied()
+    model = copy.deepcopy(base).to(dev)
+    quantize_(model, config)
+    assert all(isinstance(m.weight, Float8Tensor) for m in model if isinstance(m, torch.nn.Linear))
+    with torch.no_grad(), torch_pjrt.fallback_mode("error"):
+        got = model(x.to(dev)).cpu().float()
+    reference = copy.deepcopy(base)
+    monkeypatch.setattr(quant_api, "_check_hardware_support", lambda granularity: None)
+    quantize_(reference, config)
+    with torch.no_grad():
+        want = reference(x).float()
+    scale = want.abs().max().item()
+    torch.testing.assert_close(got, want, rtol=0, atol=scale * 2.0 ** -4)
+    float_out = base(x).detach().float()
+    assert (want - float_out).abs().max() < 0.1 * float_out.abs().max()  # it did quantize, not much
+    assert not torch.equal(want, float_out)
