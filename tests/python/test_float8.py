@@ -269,3 +269,60 @@ def test_torchao_float8_dynamic_activation_inference_equals_cpu(dev: torch.devic
     float_out = base(x).detach().float()
     assert (want - float_out).abs().max() < 0.1 * float_out.abs().max()  # it did quantize, not much
     assert not torch.equal(want, float_out)
+
+
+@pytest.mark.parametrize("packing", ["default", "plain_int32"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_torchao_int4_weight_only_matches_its_own_quantization(dev: torch.device, packing: str,
+                                                               compiled: bool) -> None:
+    # Int4WeightOnlyConfig on pjrt (the torchao patches: plain_int32, the format torchao gives
+    # XPU and NPU; the default "plain" one needs CUDA's kernels). The weights' 4-bit values,
+    # scales and zero points equal torchao's own choose_qparams_affine/quantize_affine on the
+    # CPU, bit for bit; the outputs equal the float64 product of torchao's dequantized weights
+    # within two bfloat16 roundings (the hidden layer's and the output's, 2^-8 of the terms'
+    # magnitudes each), eager and compiled, with no CPU fallback.
+    import torch_pjrt
+    from torchao.quantization import Int4WeightOnlyConfig, quantize_
+    from torchao.quantization.quant_primitives import (MappingType, choose_qparams_affine, dequantize_affine,
+                                                       quantize_affine)
+    from torchao.quantization.quantize_.workflows import Int4PlainInt32Tensor
+
+    group = 32
+    config = Int4WeightOnlyConfig(group_size=group) if packing == "default" else \
+        Int4WeightOnlyConfig(group_size=group, int4_packing_format="plain_int32")
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(256, 64), torch.nn.ReLU(), torch.nn.Linear(64, 32)).bfloat16()
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(1)).bfloat16()
+    model = copy.deepcopy(base).to(dev)
+    quantize_(model, config)
+    layers = [m for m in model if isinstance(m, torch.nn.Linear)]
+    assert all(isinstance(m.weight, Int4PlainInt32Tensor) for m in layers)
+
+    def quantized(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        block = [1, group]
+        scale, zero = choose_qparams_affine(w, MappingType.ASYMMETRIC, block, torch.int32, 0, 15, 1e-6, None,
+                                            torch.int32)
+        q = quantize_affine(w, block, scale, zero, torch.int32, 0, 15)
+        return q, scale, zero, dequantize_affine(q, block, scale, zero, torch.int32, 0, 15, output_dtype=w.dtype)
+
+    dequantized = []
+    for original, layer in zip([m for m in base if isinstance(m, torch.nn.Linear)], layers):
+        q, scale, zero, w = quantized(original.weight.data)
+        packed = layer.weight.qdata.cpu()
+        assert packed.dtype == torch.uint8 and packed.shape == (q.shape[0], q.shape[1] // 2)  # 4 bits a value
+        assert torch.equal(torch.stack([packed & 15, packed >> 4], -1).reshape(q.shape).to(torch.int32), q)
+        assert torch.equal(layer.weight.scale.cpu().t().reshape(scale.shape), scale)
+        assert torch.equal(layer.weight.zero_point.cpu().t().reshape(zero.shape).to(torch.int32), zero)
+        dequantized.append(w.double())
+    run = torch.compile(model, backend="pjrt") if compiled else model
+    with torch.no_grad(), torch_pjrt.fallback_mode("error"):
+        got = run(x.to(dev)).cpu().double()
+    b1, b2 = base[0].bias.double(), base[2].bias.double()
+    hidden = torch.relu(x.double() @ dequantized[0].t() + b1)
+    want = hidden @ dequantized[1].t() + b2
+    magnitude = (x.double().abs() @ dequantized[0].abs().t() + b1.abs()) @ dequantized[1].abs().t() + b2.abs()
+    bound = 2 * 2.0 ** -8 * (magnitude + want.abs())
+    assert bool(((got - want).abs() <= bound).all()), (got - want).abs().max()
+    assert (want - base(x).double()).abs().max() > 1e-3  # it did quantize
+    if compiled:
+        assert not torch_pjrt.metrics()["compiled"]["Sequential.forward"]["eager_graphs"]
