@@ -75,6 +75,16 @@ assert m.version('ray') == '2.60.0' and m.version('torchao') == '0.18.0'" \
     | grep -v "^WARNING: Location" || true
 fi
 
+# Recommendation-model tests: pinned TorchRec and fbgemm's CPU build (README, "TorchRec"), --no-deps
+# (scripts/requirements-torchrec.txt says why).
+if ! "$VPY" -c "import importlib.metadata as m
+assert m.version('torchrec') == '1.8.0' and m.version('fbgemm-gpu-cpu') == '1.8.0'
+assert m.version('tensordict') == '0.15.3'" 2>/dev/null; then
+  echo "setup: installing TorchRec test packages"
+  "$VPY" -m pip install -q --disable-pip-version-check --no-deps -r scripts/requirements-torchrec.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
+
 # Custom-kernel tests: pinned JAX (README, "Custom kernels").
 if ! "$VPY" -c "import importlib.metadata as m
 assert m.version('jax') == '0.10.2' and m.version('jaxlib') == '0.10.2'" 2>/dev/null; then

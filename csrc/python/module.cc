@@ -7,6 +7,7 @@
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include "device/compiled.h"
@@ -253,6 +254,18 @@ PYBIND11_MODULE(_C, mod) {
       case device::FallbackMode::Error: return "error";
       default: return "warn";
     }
+  });
+  // An op (a library's, with a Python kernel for pjrt) run on the CPU for a case that kernel
+  // does not cover: the same path, counting and policy as the fallback for ops with no kernel.
+  mod.def("_run_on_cpu", [](const std::string& name, const std::string& overload, const py::args& args,
+                            const py::kwargs& kwargs) {
+    auto op = c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    auto stack = torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
+    {
+      py::gil_scoped_release no_gil;
+      device::run_on_cpu(op, &stack);
+    }
+    return torch::jit::createPyObjectForStack(std::move(stack));
   });
   mod.def("_set_fallback_logger", [](py::function fn) {
     // Deliberately never freed: it must not be released without the GIL at exit.

@@ -170,8 +170,8 @@ _finder = _Finder()
 
 def install() -> None:
     """Loads the patch definitions and applies them as their modules are imported."""
-    from . import (hf_accelerate, hf_transformers, lightning, pytorch, ray_train, torchao, torchtitan,  # noqa: F401
-                   trl, vllm_plugin)  # (their patches)
+    from . import (hf_accelerate, hf_transformers, lightning, pytorch, ray_train, torchao, torchrec,  # noqa: F401
+                   torchtitan, trl, vllm_plugin)  # (their patches)
 
     if _finder not in sys.meta_path:
         sys.meta_path.insert(0, _finder)
