@@ -48,6 +48,7 @@ constexpr std::pair<at::ScalarType, DType> kAtenDTypes[] = {
     {at::kFloat8_e5m2, DType::F8E5M2},
     {at::kFloat8_e4m3fnuz, DType::F8E4M3FNUZ},
     {at::kFloat8_e5m2fnuz, DType::F8E5M2FNUZ},
+    {at::kFloat8_e8m0fnu, DType::F8E8M0FNU},
 };
 }  // namespace
 

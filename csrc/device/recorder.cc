@@ -171,6 +171,7 @@ std::optional<Value> scalar_constant(ir::Builder& b, DType dtype, const void* by
     case DType::F8E5M2: return b.constant(dtype, static_cast<float>(load(c10::Float8_e5m2{})));
     case DType::F8E4M3FNUZ: return b.constant(dtype, static_cast<float>(load(c10::Float8_e4m3fnuz{})));
     case DType::F8E5M2FNUZ: return b.constant(dtype, static_cast<float>(load(c10::Float8_e5m2fnuz{})));
+    case DType::F8E8M0FNU: return b.constant(dtype, static_cast<float>(load(c10::Float8_e8m0fnu{})));
     case DType::S64: return b.constant_int(dtype, load(int64_t{}));
     case DType::S32: return b.constant_int(dtype, load(int32_t{}));
     case DType::S16: return b.constant_int(dtype, load(int16_t{}));

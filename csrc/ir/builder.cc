@@ -1,7 +1,7 @@
 #include "ir/builder.h"
 
 #include <atomic>
-
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <sstream>
@@ -125,6 +125,20 @@ Value Builder::iota(DType dtype, const std::vector<int64_t>& dims, int64_t dim) 
 
 Value Builder::convert(Value v, DType dtype) {
   if (this->dtype(v) == dtype) return v;
+  if (this->dtype(v) == DType::F8E8M0FNU) {
+    // As torch widens e8m0fnu: 2^(e - 127) through float32, e = 0 being 2^-127 (a float32
+    // subnormal) and 255 NaN (torch's bits, 0x7f800001).
+    const std::vector<int64_t> shape = dims(v);
+    // Every value is non-zero (NaN too): true (a compare of 2^-127 with zero would see a
+    // subnormal XLA's CPU code flushes).
+    if (dtype == DType::Pred) return constant_int(DType::Pred, 1, shape);
+    Value e = convert(g_.add("stablehlo.bitcast_convert", {v}, Type{DType::U8, shape}), DType::U32);
+    auto is = [&](int64_t value) { return compare(e, constant_int(DType::U32, value, shape), "EQ"); };
+    Value bits = select(is(0), constant_int(DType::U32, 0x00400000, shape),
+                        select(is(255), constant_int(DType::U32, 0x7F800001, shape),
+                               binary("shift_left", e, constant_int(DType::U32, 23, shape))));
+    return convert(g_.add("stablehlo.bitcast_convert", {bits}, Type{DType::F32, shape}), dtype);
+  }
   if (is_complex(this->dtype(v)) && !is_complex(dtype)) {
     // torch's complex -> real cast keeps the real part (XLA has no such convert).
     if (dtype == DType::Pred) {
@@ -152,6 +166,31 @@ Value Builder::convert(Value v, DType dtype) {
     const int64_t lowest = wide ? std::numeric_limits<int64_t>::min() : std::numeric_limits<int32_t>::min();
     v = select(in_range, truncated, constant_int(via, lowest, dims(x)));
     if (dtype == via) return v;
+  }
+  if (dtype == DType::F8E8M0FNU) {
+    // As torch narrows to e8m0fnu: through float32, its exponent rounded to nearest on the
+    // mantissa (ties to even, the implied bit being the LSB: 1 for normal numbers, 0 for
+    // subnormals); the sign ignored; infinities and NaN (and what rounds past 2^127) to 255.
+    const Value x = convert(v, DType::F32);
+    const std::vector<int64_t> shape = dims(x);
+    auto u32 = [&](int64_t value) { return constant_int(DType::U32, value, shape); };
+    Value bits = g_.add("stablehlo.bitcast_convert", {x}, Type{DType::U32, shape});
+    Value e = binary("and", binary("shift_right_logical", bits, u32(23)), u32(0xFF));
+    auto nonzero = [&](Value a) { return compare(a, u32(0), "NE"); };
+    Value guard = nonzero(binary("and", bits, u32(0x400000)));
+    Value below = nonzero(binary("and", bits, u32(0x3FFFFF)));  // the round and sticky bits
+    Value up = binary("and", guard, binary("or", below, nonzero(e)));
+    Value rounded = select(compare(e, u32(0xFF), "EQ"), e, binary("add", e, convert(up, DType::U32)));
+    if (this->dtype(v) == DType::F64) {
+      // Below 2^-126 the float32 value is subnormal, which XLA's f64 -> f32 convert may flush
+      // to zero: its multiple k of 2^-149 is rounded here (RNE) instead, and the rule above
+      // gives 1 exactly when k > 2^22 (guard bit set, a bit below it too; 2^23 is 2^-126).
+      Value magnitude = unary("abs", v);
+      Value k = unary("round_nearest_even", binary("multiply", magnitude, constant(DType::F64, std::ldexp(1.0, 149), shape)));
+      Value tiny = select(compare(k, constant(DType::F64, std::ldexp(1.0, 22), shape), "GT"), u32(1), u32(0));
+      rounded = select(compare(magnitude, constant(DType::F64, std::ldexp(1.0, -126), shape), "LT"), tiny, rounded);
+    }
+    return g_.add("stablehlo.bitcast_convert", {convert(rounded, DType::U8)}, Type{dtype, shape});
   }
   if (is_float8(this->dtype(v)) && !is_floating(dtype)) return convert(convert(v, DType::F32), dtype);
   if (is_float8(dtype)) {

@@ -41,6 +41,7 @@ constexpr DTypeRow kDTypes[] = {
     {DType::F8E5M2, "f8E5M2", 1, PJRT_Buffer_Type_F8E5M2},
     {DType::F8E4M3FNUZ, "f8E4M3FNUZ", 1, PJRT_Buffer_Type_F8E4M3FNUZ},
     {DType::F8E5M2FNUZ, "f8E5M2FNUZ", 1, PJRT_Buffer_Type_F8E5M2FNUZ},
+    {DType::F8E8M0FNU, "f8E8M0FNU", 1, PJRT_Buffer_Type_F8E8M0FNU},
 };
 constexpr bool in_enum_order() {
   for (size_t i = 0; i < std::size(kDTypes); ++i) {
@@ -66,7 +67,8 @@ bool is_floating(DType d) {
   return d == DType::F16 || d == DType::BF16 || d == DType::F32 || d == DType::F64 || is_float8(d);
 }
 bool is_float8(DType d) {
-  return d == DType::F8E4M3FN || d == DType::F8E5M2 || d == DType::F8E4M3FNUZ || d == DType::F8E5M2FNUZ;
+  return d == DType::F8E4M3FN || d == DType::F8E5M2 || d == DType::F8E4M3FNUZ || d == DType::F8E5M2FNUZ ||
+         d == DType::F8E8M0FNU;
 }
 bool is_reduced_float(DType d) { return d == DType::F16 || d == DType::BF16 || is_float8(d); }
 bool is_complex(DType d) { return d == DType::C64 || d == DType::C128; }

@@ -14,6 +14,7 @@ namespace torch_pjrt::ir {
 enum class DType {
   Pred, S8, S16, S32, S64, U8, U16, U32, U64, F16, BF16, F32, F64, C64, C128,
   F8E4M3FN, F8E5M2, F8E4M3FNUZ, F8E5M2FNUZ,  // float8: stored and converted; arithmetic in f32
+  F8E8M0FNU,  // a power of two (MX scales): stored and converted only
 };
 
 const char* dtype_name(DType dtype);  // MLIR spelling: f32, i64, ui8, i1 ...

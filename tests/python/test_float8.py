@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+FLOAT8 = [torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
 
 # In range, ties, overflow (saturating for e4m3fn, infinity or NaN for the others), NaN,
 # infinities, signed zero, subnormals and values below the smallest one.
@@ -152,9 +152,30 @@ def test_scaled_mm_bad_input_raises_as_the_cpu_does(dev: torch.device) -> None:
         torch._scaled_mm(a, a, one, one)
 
 
-def test_a_float8_format_the_device_does_not_hold_is_a_clear_error(dev: torch.device) -> None:
-    with pytest.raises(TypeError, match="Float8_e8m0fnu is not supported"):
-        torch.ones(2, dtype=torch.float8_e8m0fnu).to(dev)
+def test_a_low_precision_format_the_device_does_not_hold_is_a_clear_error(dev: torch.device) -> None:
+    with pytest.raises(TypeError, match="Float4_e2m1fn_x2 is not supported"):
+        torch.empty(2, dtype=torch.float4_e2m1fn_x2).to(dev)
+
+
+def test_e8m0fnu_conversions_match_cpu_on_every_byte_and_every_rounding_case(dev: torch.device) -> None:
+    # e8m0fnu (MX scales: 2^(e - 127), 255 NaN): every byte widened, bit for bit in float32
+    # (2^-127 is a float32 subnormal, NaN torch's 0x7f800001); and narrowed from every float32
+    # exponent with the mantissas around its rounding cases (the guard bit alone: a tie; with
+    # a bit below it; the largest), both signs (torch ignores the sign), from each source type.
+    every = torch.arange(256, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+    on_device = every.to(dev)
+    assert _bits(on_device) == _bits(every)
+    assert torch.equal(on_device.to(torch.float32).cpu().view(torch.int32), every.to(torch.float32).view(torch.int32))
+    for target in (torch.float64, torch.bfloat16, torch.float16):
+        torch.testing.assert_close(on_device.to(target).cpu(), every.to(target), rtol=0, atol=0, equal_nan=True)
+    patterns = [(sign << 31) | (exponent << 23) | mantissa for exponent in range(256) for sign in (0, 1)
+                for mantissa in (0, 1, 0x1FFFFF, 0x200000, 0x3FFFFF, 0x400000, 0x400001, 0x600000, 0x7FFFFF)]
+    x = torch.tensor(patterns, dtype=torch.int64).to(torch.int32).view(torch.float32)
+    for source in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        values = x.to(source)
+        got, want = _bits(values.to(dev).to(torch.float8_e8m0fnu)), _bits(values.to(torch.float8_e8m0fnu))
+        wrong = [(values[i].item(), got[i], want[i]) for i in range(len(want)) if got[i] != want[i]]
+        assert not wrong, f"from {source}: (value, got, want) {wrong[:8]}"
 
 
 @pytest.mark.parametrize("recipe,compiled", [("tensorwise", False), ("rowwise", False), ("tensorwise", True)],
