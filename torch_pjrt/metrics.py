@@ -10,8 +10,7 @@ from . import _C, distributed, recompiles
 def metrics() -> dict[str, Any]:
     m = dict(_C._metrics())
     m["compiled"] = recompiles.compiled_stats()  # per torch.compile'd function
-    m.pop("collectives_in_programs")
-    m["distributed"] = distributed.transport_stats()
+    m["distributed"] = distributed.stats_with(m.pop("collectives_in_programs"))
     return m
 
 

@@ -139,14 +139,16 @@ void configure_runtime(const std::string& plugin_path, int64_t cpu_device_count,
 bool runtime_ready() { return runtime_slot() != nullptr; }
 
 namespace {
-// Makes the runtime (init_mutex held). Throws PjrtError from the plugin.
+// Makes the runtime (init_mutex held), published only once complete: rt()'s fast path
+// reads the slot without the lock. Throws PjrtError from the plugin.
 void make_runtime(const RuntimeConfig& c, std::vector<runtime::ClientOption> options,
                   std::shared_ptr<runtime::KeyValueStore> store) {
   if (c.cpu_device_count > 0) options.push_back({"cpu_device_count", c.cpu_device_count});
-  runtime_slot() = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
-                                                       c.cache_policy, std::move(store));
-  const std::string platform = runtime_slot()->client().platform_name();
+  auto made = std::make_unique<executor::Runtime>(c.plugin_path, options, c.cache_dir, c.compile_overrides,
+                                                  c.cache_policy, std::move(store));
+  const std::string platform = made->client().platform_name();
   ir::set_blocked_sums(platform == "cpu" || platform == "host");
+  runtime_slot() = std::move(made);
 }
 
 const RuntimeConfig& checked_config() {

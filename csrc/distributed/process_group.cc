@@ -975,7 +975,7 @@ class StoreKeyValues : public runtime::KeyValueStore {
   std::string get(const std::string& key, std::chrono::milliseconds timeout) override {
     try {
       store_->wait({key}, timeout);
-    } catch (const c10::Error& e) {
+    } catch (const c10::DistStoreError& e) {  // the wait timed out (other failures stay errors of their own)
       throw runtime::PjrtError(runtime::ErrorCode::kDeadlineExceeded,
                                "no key " + key + " after " + std::to_string(timeout.count()) + " ms: " + e.what());
     }

@@ -407,7 +407,8 @@ size_t Runtime::memory_cache_size() {
 void Runtime::clear_memory_cache() {
   std::lock_guard<std::mutex> lock(mu_);
   recency_.clear();
-  memory_.clear();
+  // Programs over replica devices stay (see Entry): a rank thread may be launching one.
+  for (auto it = memory_.begin(); it != memory_.end();) it = it->second.replicated ? std::next(it) : memory_.erase(it);
 }
 
 void Runtime::set_memory_cache_capacity(size_t capacity) {

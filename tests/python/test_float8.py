@@ -176,6 +176,16 @@ def test_e8m0fnu_conversions_match_cpu_on_every_byte_and_every_rounding_case(dev
         got, want = _bits(values.to(dev).to(torch.float8_e8m0fnu)), _bits(values.to(torch.float8_e8m0fnu))
         wrong = [(values[i].item(), got[i], want[i]) for i in range(len(want)) if got[i] != want[i]]
         assert not wrong, f"from {source}: (value, got, want) {wrong[:8]}"
+    # float64 values that float32 cannot hold: twice rounded by torch (to float32, then to the
+    # exponent), the float32 subnormal range included
+    g = torch.Generator().manual_seed(0)
+    wide = torch.randn(4000, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-152, 128, (4000,), generator=g).double())
+    near_ties = torch.exp2(torch.arange(-150, 128).double()) * (1.5 + 2.0 ** -30)
+    values = torch.cat([wide, near_ties, -near_ties])
+    got, want = _bits(values.to(dev).to(torch.float8_e8m0fnu)), _bits(values.to(torch.float8_e8m0fnu))
+    wrong = [(values[i].item(), got[i], want[i]) for i in range(len(want)) if got[i] != want[i]]
+    assert not wrong, f"from float64: (value, got, want) {wrong[:8]}"
 
 
 @pytest.mark.parametrize("recipe,compiled", [("tensorwise", False), ("rowwise", False), ("tensorwise", True)],
@@ -258,10 +268,11 @@ def test_torchao_float8_dynamic_activation_inference_equals_cpu(dev: torch.devic
     # call, torch._scaled_mm with tensorwise or rowwise scales. torchao's hardware check
     # refuses this CPU (it knows recent CUDA, MI300+ and XPU), and the torchao patch lets a
     # pjrt model through; the CPU reference skips the check here, in the test alone. float8
-    # products are exact and both sum them in float32: a rounding apart in the first layer's
-    # bfloat16 output may move one second-layer activation across a float8 rounding boundary
-    # (2^-4 of its size), so the bound is 2^-4 of the output's scale; a wrong scale, transpose
-    # or cast is off by the size of the output.
+    # products are exact and both sum them in float32, but a rounding apart in the first
+    # layer's bfloat16 output can move the second layer's activations (its dynamic scale too)
+    # by a float8 step each, 2^-3 of their size: the bound is 2^-3 of the second layer's
+    # term magnitudes (from the float64 model, a quarter more for its own quantization) plus
+    # an output rounding; a wrong scale, transpose or cast is off by the size of the output.
     import torch_pjrt
     import torchao.quantization.quant_api as quant_api
     from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, PerTensor, quantize_
@@ -285,8 +296,11 @@ def test_torchao_float8_dynamic_activation_inference_equals_cpu(dev: torch.devic
     quantize_(reference, config)
     with torch.no_grad():
         want = reference(x).float()
-    scale = want.abs().max().item()
-    torch.testing.assert_close(got, want, rtol=0, atol=scale * 2.0 ** -4)
+    exact = copy.deepcopy(base).double()
+    hidden = torch.relu(x.double() @ exact[0].weight.detach().t() + exact[0].bias.detach())
+    magnitude = (hidden @ exact[2].weight.detach().abs().t() + exact[2].bias.detach().abs()).float()
+    bound = 1.25 * 2.0 ** -3 * magnitude + 2.0 ** -7 * want.abs()
+    assert bool(((got - want).abs() <= bound).all()), (got - want).abs().max()
     float_out = base(x).detach().float()
     assert (want - float_out).abs().max() < 0.1 * float_out.abs().max()  # it did quantize, not much
     assert not torch.equal(want, float_out)
@@ -347,3 +361,33 @@ def test_torchao_int4_weight_only_matches_its_own_quantization(dev: torch.device
     assert (want - base(x).double()).abs().max() > 1e-3  # it did quantize
     if compiled:
         assert not torch_pjrt.metrics()["compiled"]["Sequential.forward"]["eager_graphs"]
+
+
+def test_torchao_int4_weight_only_applies_the_activation_pre_scale(dev: torch.device) -> None:
+    # AWQ and SmoothQuant put a per-channel activation scale on the int4 weight
+    # (act_pre_scale), which the linear applies to its input first: against the float64
+    # product of torchao's dequantized weight with the scaled input (two bfloat16 roundings:
+    # the scaled input's and the output's).
+    from torchao.quantization import Int4WeightOnlyConfig, quantize_
+    from torchao.quantization.quant_primitives import (MappingType, choose_qparams_affine, dequantize_affine,
+                                                       quantize_affine)
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 16, bias=False).bfloat16()
+    x = torch.randn(4, 64, generator=torch.Generator().manual_seed(1)).bfloat16()
+    pre_scale = (torch.rand(64, generator=torch.Generator().manual_seed(2)) + 0.5).bfloat16()
+    block = [1, 32]
+    scale, zero = choose_qparams_affine(layer.weight.data, MappingType.ASYMMETRIC, block, torch.int32, 0, 15, 1e-6,
+                                        None, torch.int32)
+    q = quantize_affine(layer.weight.data, block, scale, zero, torch.int32, 0, 15)
+    w = dequantize_affine(q, block, scale, zero, torch.int32, 0, 15, output_dtype=torch.bfloat16).double()
+    model = copy.deepcopy(layer).to(dev)
+    quantize_(model, Int4WeightOnlyConfig(group_size=32))
+    model.weight.act_pre_scale = pre_scale.to(dev)
+    with torch.no_grad():
+        got = model(x.to(dev)).cpu().double()
+    scaled = x.double() * pre_scale.double()
+    want = scaled @ w.t()
+    bound = 2 * 2.0 ** -8 * (scaled.abs() @ w.abs().t())
+    assert bool(((got - want).abs() <= bound).all()), (got - want).abs().max()
+    assert (want - x.double() @ w.t()).abs().max() > 10 * bound.max()  # the scale matters here

@@ -82,22 +82,36 @@ def test_fbgemm_operators_equal_cpu_on_random_layouts(dev: torch.device) -> None
                                                         total)
                     for name, a, b in zip(("lengths", "values", "weights"), got, want):
                         _same(a, b, f"permute_2D_sparse_data {permute} {dtype} {name}, total {total}")
+            stride = lengths.shape[1]
+            p = torch.tensor([3, 0, 2, 1], dtype=torch.int32)
+            want = fbgemm.permute_2D_sparse_data_input1D(p, flat, values, stride, weights)
+            got = fbgemm.permute_2D_sparse_data_input1D(p.to(dev), flat.to(dev), values.to(dev), stride, weights.to(dev))
+            for name, a, b in zip(("lengths", "values", "weights"), got, want):
+                _same(a, b, f"permute_2D_sparse_data_input1D {dtype} {name}")
+            _same(fbgemm.invert_permute(p.to(dev)), fbgemm.invert_permute(p), "invert_permute")
+        # no batch at all: nothing to move
+        empty = torch.zeros(3, 0, dtype=torch.int64)
+        p = torch.tensor([2, 0], dtype=torch.int32)
+        for a, b in zip(fbgemm.permute_2D_sparse_data(p.to(dev), empty.to(dev), torch.zeros(0).to(dev), None, 0),
+                        fbgemm.permute_2D_sparse_data(p, empty, torch.zeros(0), None, 0)):
+            _same(a, b, "permute_2D_sparse_data of an empty batch")
         wide = torch.tensor([1, 0])
         for device in ("cpu", dev):
             with pytest.raises(RuntimeError, match="Int|int32"):
                 fbgemm.permute_2D_sparse_data(wide.to(device), lengths[:2].to(device), values.to(device))
         # padding and its gradient: rows cut short, padded, and empty
-        offsets = torch.tensor([0, 3, 3, 7, 8])
         values = torch.randn(8, 2, generator=g)
         grad_output = torch.randn(4, 5, 2, generator=g)
-        results = []
-        for device in ("cpu", dev):
-            v = values.detach().clone().to(device).requires_grad_()
-            dense = fbgemm.jagged_to_padded_dense(v, [offsets.to(device)], [5], -1.5)
-            dense.backward(grad_output.to(device))
-            results.append((dense.detach().cpu(), v.grad.cpu()))
-        _same(results[1][0], results[0][0], "jagged_to_padded_dense")
-        _same(results[1][1], results[0][1], "jagged_to_padded_dense gradient")
+        for offsets_dtype in (torch.int64, torch.int32):
+            offsets = torch.tensor([0, 3, 3, 7, 8], dtype=offsets_dtype)
+            results = []
+            for device in ("cpu", dev):
+                v = values.detach().clone().to(device).requires_grad_()
+                dense = fbgemm.jagged_to_padded_dense(v, [offsets.to(device)], [5], -1.5)
+                dense.backward(grad_output.to(device))
+                results.append((dense.detach().cpu(), v.grad.cpu()))
+            _same(results[1][0], results[0][0], f"jagged_to_padded_dense, {offsets_dtype} offsets")
+            _same(results[1][1], results[0][1], f"jagged_to_padded_dense gradient, {offsets_dtype} offsets")
         # the pooled embeddings' permutation and its gradient (the inverse permutation)
         dims = torch.tensor([0, 2, 5, 10])
         permute, inverse = torch.tensor([2, 0, 1]), torch.tensor([1, 2, 0])
@@ -113,6 +127,11 @@ def test_fbgemm_operators_equal_cpu_on_random_layouts(dev: torch.device) -> None
             results.append((out.detach().cpu(), x.grad.cpu()))
         _same(results[1][0], results[0][0], "permute_pooled_embs")
         _same(results[1][1], results[0][1], "permute_pooled_embs gradient")
+    # A list that is not a permutation of the keys is refused (fbgemm's CPU kernel does not
+    # check, and reads out of bounds).
+    with pytest.raises(RuntimeError, match="permute_list must name each"):
+        fbgemm.permute_pooled_embs(pooled.to(dev), dims.to(dev), torch.tensor([2, 0]).to(dev), inverse_dims.to(dev),
+                                   inverse.to(dev))
 
 
 def test_padding_over_two_jagged_dimensions_runs_on_the_cpu_and_is_counted(dev: torch.device) -> None:
@@ -127,50 +146,36 @@ def test_padding_over_two_jagged_dimensions_runs_on_the_cpu_and_is_counted(dev: 
     assert torch_pjrt.metrics()["fallbacks"] == {"fbgemm::jagged_to_padded_dense_forward": 1}
 
 
-def _dlrm(dtype: torch.dtype) -> DLRM:
+def _dlrm() -> DLRM:
     torch.manual_seed(0)
     tables = [EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=50, feature_names=[name],
                                  pooling=torchrec.PoolingType.MEAN if i == 1 else torchrec.PoolingType.SUM)
               for i, name in enumerate(FEATURES)]
-    model = DLRM(embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
-                 dense_in_features=5, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
-    return model.to(dtype)
+    return DLRM(embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("cpu")),
+                dense_in_features=5, dense_arch_layer_sizes=[16, 8], over_arch_layer_sizes=[16, 1])
 
 
-def _train(device: torch.device | str, dtype: torch.dtype, steps: int) -> list[tuple[list[torch.Tensor], ...]]:
-    """Each step's gradients and parameters (after the step), as float64 on the CPU."""
-    model = _dlrm(dtype).to(device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.5)
-    history = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 + step)
-        dense = torch.randn(5, 5, generator=g).to(dtype)
-        labels = torch.rand(5, 1, generator=g).to(dtype)
-        sparse = _kjt(device, 100 + step)
-        loss = F.binary_cross_entropy_with_logits(model(dense.to(device), sparse), labels.to(device))
-        opt.zero_grad()
-        loss.backward()
-        grads = [p.grad.detach().cpu().double() for p in model.parameters()]
-        opt.step()
-        history.append((grads, [p.detach().cpu().double() for p in model.parameters()]))
-    return history
+def test_a_dlrm_trains_like_float64_step_by_step(dev: torch.device) -> None:
+    # The qualification battery's differential harness: after every SGD step, the gradients
+    # and parameters against a float64 replay of that step from the same state, within a
+    # bound measured from float32 replays of it; the sparse features are KeyedJaggedTensors
+    # made on the device from each batch's values and lengths; no CPU fallback.
+    from torch_pjrt.qualify import differential
 
+    batches = []
+    for step in range(20):
+        kjt = _kjt("cpu", 100 + step)
+        g = torch.Generator().manual_seed(200 + step)
+        batches.append((torch.randn(5, 5, generator=g), kjt.values(), kjt.lengths(), torch.rand(5, 1, generator=g)))
 
-def test_a_dlrm_trains_like_the_cpu_step_by_step(dev: torch.device) -> None:
-    # Every step's gradients and parameters against float64 training of the same model on
-    # the same batches; pjrt's float32 within 4x the CPU float32's own distance to it (plus
-    # a float32 rounding of the values' scale), with no CPU fallback.
-    steps = 20
-    reference = _train("cpu", torch.float64, steps)
-    cpu = _train("cpu", torch.float32, steps)
+    def loss(model: torch.nn.Module, batch: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        dense, values, lengths, labels = batch
+        sparse = KeyedJaggedTensor.from_lengths_sync(keys=FEATURES, values=values, lengths=lengths)
+        return F.binary_cross_entropy_with_logits(model(dense, sparse), labels)
+
+    problem = differential.Problem(_dlrm, batches, loss, lambda params: torch.optim.SGD(params, lr=0.5), len(batches))
     torch_pjrt.reset_metrics()
     with torch_pjrt.fallback_mode("error"):
-        ours = _train(dev, torch.float32, steps)
-    assert torch_pjrt.metrics()["fallbacks"] == {}
-    for step in range(steps):
-        for kind in (0, 1):
-            for i, (got, theirs, exact) in enumerate(zip(ours[step][kind], cpu[step][kind], reference[step][kind])):
-                scale = exact.abs().max().item()
-                bound = 4 * (theirs - exact).abs().max().item() + 2.0 ** -23 * scale
-                err = (got - exact).abs().max().item()
-                assert err <= bound, f"step {step} {('gradient', 'parameter')[kind]} {i}: {err:.3g} > {bound:.3g}"
+        result = differential.run(problem, dev.type)
+    assert result.passed, differential.describe(result)
+    assert result.steps == 20 and torch_pjrt.metrics()["fallbacks"] == {}

@@ -136,8 +136,12 @@ def transport_stats() -> dict[str, Any]:
     compiled programs (every replay counts). "processes", once a group of several processes
     started the runtime: how many of them its client spans ("spanned" of "of"; 1 when the
     plugin cannot join processes) and, if not all, why not."""
-    return {**_C._transport_stats(), "in_programs": _C._metrics()["collectives_in_programs"],
-            "processes": _processes}
+    return stats_with(_C._metrics()["collectives_in_programs"])
+
+
+def stats_with(in_programs: int) -> dict[str, Any]:
+    """transport_stats() for a metrics snapshot already taken (its collectives in programs)."""
+    return {**_C._transport_stats(), "in_programs": in_programs, "processes": _processes}
 
 
 def register() -> None:

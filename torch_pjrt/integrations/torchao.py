@@ -15,11 +15,14 @@ byte (even column in the low nibble), with torchao's asymmetric groupwise scales
 zero points (`choose_qparams_affine`/`quantize_affine`, as for XPU); a linear unpacks
 and dequantizes the weight, `(q - zero_point) * scale`, then multiplies, all native
 ops (one fused program under torch.compile, the weight read as int4 from memory). A
-pjrt weight asked for the "plain" format gets this one.
+pjrt weight asked for the "plain" format gets this one. Its `qdata` is pjrt's own
+(uint8 `[N, K/2]`, not XPU's int4pack layout): a quantized state dict moves between
+pjrt processes, not to XPU or NPU.
 """
 
 from __future__ import annotations
 
+import contextvars
 import copy
 from types import ModuleType
 from typing import Any
@@ -38,7 +41,15 @@ def _float8_inference_hardware(quant_api: ModuleType) -> None:
     from torchao.quantization.granularity import PerRow, PerTensor
 
     original = quant_api._float8_dynamic_activation_float8_weight_quantize_tensor
-    check = quant_api._check_hardware_support
+    original_check = quant_api._check_hardware_support
+    # Set while a pjrt weight is quantized, in this thread or task alone (rank threads may
+    # quantize at the same time): the check reads no device, only the process's CUDA/XPU state.
+    quantizing_for_pjrt: contextvars.ContextVar[bool] = contextvars.ContextVar("torch_pjrt_float8_weight",
+                                                                               default=False)
+
+    def check(granularity: Any) -> None:
+        if not quantizing_for_pjrt.get():
+            original_check(granularity)
 
     def scaled_mm_runs_it(granularity: Any) -> bool:
         pair = granularity if isinstance(granularity, (tuple, list)) else (granularity, granularity)
@@ -47,14 +58,13 @@ def _float8_inference_hardware(quant_api: ModuleType) -> None:
     def quantize_tensor(weight: torch.Tensor, config: Any) -> Any:
         if weight.device.type != DEVICE or not scaled_mm_runs_it(config.granularity):
             return original(weight, config)
-        # The check reads no device, only the process's CUDA/XPU state: skip it for this
-        # weight alone (quantize_ handles one module at a time, in this thread).
-        quant_api._check_hardware_support = lambda granularity: None
+        token = quantizing_for_pjrt.set(True)
         try:
             return original(weight, config)
         finally:
-            quant_api._check_hardware_support = check
+            quantizing_for_pjrt.reset(token)
 
+    quant_api._check_hardware_support = check
     quant_api._float8_dynamic_activation_float8_weight_quantize_tensor = quantize_tensor
 
 
@@ -84,9 +94,15 @@ def _int4_from_hp(cls: type, w: torch.Tensor, block_size: list[int]) -> Any:
     if w.ndim != 2 or len(block_size) != 2 or block_size[0] != 1 or w.shape[1] % 2:
         raise ValueError(f"int4 weight-only on {DEVICE}: a 2-D weight with groups along its rows and an even "
                          f"number of columns, got shape {tuple(w.shape)} and block size {block_size}")
-    scale, zero_point = choose_qparams_affine(w, MappingType.ASYMMETRIC, block_size, torch.int32, 0, 15, 1e-6, None,
-                                              torch.int32)
-    values = quantize_affine(w, block_size, scale, zero_point, torch.int32, 0, 15)
+    from ..modes import eager_mode
+
+    # Op by op, each result rounded to the weight's dtype as on the CPU: a fused program keeps
+    # float32 between ops (XLA's excess precision), which moves a value on a rounding
+    # boundary to the next integer.
+    with eager_mode("strict"):
+        scale, zero_point = choose_qparams_affine(w, MappingType.ASYMMETRIC, block_size, torch.int32, 0, 15, 1e-6,
+                                                  None, torch.int32)
+        values = quantize_affine(w, block_size, scale, zero_point, torch.int32, 0, 15)
     packed = (values[:, 1::2] << 4 | values[:, ::2]).to(torch.uint8)  # two per byte, even column low
     rows = w.shape[0]
     return cls(packed, scale.reshape(rows, -1).t().contiguous(),
@@ -99,6 +115,8 @@ def _int4_linear_for(original: Any) -> Any:
         bias = args[2] if len(args) > 2 else None
         if x.device.type != DEVICE:
             return original(func, types, args, kwargs)
+        if weight.act_pre_scale is not None:  # set by AWQ and SmoothQuant, as torchao's XPU/NPU kernels apply it
+            x = x * weight.act_pre_scale
         return torch.nn.functional.linear(x, _int4_dequantized(weight, x.dtype), bias)
     return linear
 

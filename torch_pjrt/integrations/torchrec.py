@@ -10,7 +10,8 @@ jagged layout's positions come from cumulative sums of its lengths and a
 `KeyedJaggedTensor.permute` passes the permuted length (TorchRec reads
 `length_per_key()` on the host, one sync, as on CUDA); without it the kernel reads the
 total from the device (a sync). A case a kernel does not cover (padding over several
-jagged dimensions) runs on the CPU through the counted fallback.
+jagged dimensions) runs on the CPU through the counted fallback. `invert_permute` (the
+backward of a permutation of weights that require a gradient) has a kernel too.
 
 Registered when torchrec is imported (it imports fbgemm_gpu, which defines the
 operators): `metrics()["fallbacks"]` stays empty for `KeyedJaggedTensor.permute`,
@@ -36,12 +37,11 @@ _library: torch.library.Library | None = None  # kept: dropping it would unregis
        "operators with CPU and CUDA kernels only: each ran on the CPU, a host round trip per call")
 def _fbgemm_kernels(torchrec: ModuleType) -> None:
     global _library
-    if _library is not None:
-        return
     library = torch.library.Library("fbgemm", "IMPL")
     library.impl("asynchronous_complete_cumsum", complete_cumsum, _KEY)
     library.impl("permute_2D_sparse_data", permute_2d_sparse_data, _KEY)
     library.impl("permute_2D_sparse_data_input1D", permute_2d_sparse_data_input1d, _KEY)
+    library.impl("invert_permute", invert_permute, _KEY)  # permute_2D_sparse_data's backward
     library.impl("jagged_to_padded_dense_forward", jagged_to_padded_dense, _KEY)
     library.impl("jagged_to_padded_dense_backward", jagged_to_padded_dense_backward, _KEY)
     library.impl("permute_pooled_embs", permute_pooled_embs, _KEY)
@@ -75,6 +75,9 @@ def permute_2d_sparse_data(permute: torch.Tensor, lengths: torch.Tensor, values:
     names them (repeats and omissions allowed)."""
     if permute.dtype != torch.int32:  # as fbgemm's kernels
         raise RuntimeError(f"fbgemm::permute_2D_sparse_data on {DEVICE}: permute must be int32, got {permute.dtype}")
+    if lengths.dim() != 2:
+        raise RuntimeError(f"fbgemm::permute_2D_sparse_data on {DEVICE}: lengths must be 2-D [features, batch], got "
+                           f"{lengths.dim()} dimensions")
     batch = lengths.shape[1]
     permuted_lengths = lengths.index_select(0, permute)
     offsets_in = complete_cumsum(lengths.reshape(-1))
@@ -95,6 +98,12 @@ def permute_2d_sparse_data_input1d(permute: torch.Tensor, lengths: torch.Tensor,
     return permuted_lengths.view(-1), permuted_values, permuted_weights
 
 
+def invert_permute(permute: torch.Tensor) -> torch.Tensor:
+    """The inverse permutation: inverse[permute[i]] = i."""
+    positions = torch.arange(permute.numel(), device=permute.device, dtype=permute.dtype)
+    return torch.empty_like(permute).scatter_(0, permute.long(), positions)
+
+
 def jagged_to_padded_dense(values: torch.Tensor, offsets: list[torch.Tensor], max_lengths: list[int],
                            padding_value: float = 0.0) -> torch.Tensor:
     """[rows, max_length, ...]: each row's run of `values` (offsets[0]), cut or padded."""
@@ -102,11 +111,11 @@ def jagged_to_padded_dense(values: torch.Tensor, offsets: list[torch.Tensor], ma
         return _on_cpu("fbgemm::jagged_to_padded_dense_forward", values, offsets, max_lengths, padding_value)
     starts, ends = offsets[0][:-1], offsets[0][1:]
     length = int(max_lengths[0])
+    if values.shape[0] == 0:
+        return values.new_full((starts.numel(), length, *values.shape[1:]), padding_value)
     slot = torch.arange(length, device=values.device, dtype=starts.dtype)
     source = starts.unsqueeze(1) + slot  # [rows, length]
     inside = slot < (ends - starts).unsqueeze(1)
-    if values.shape[0] == 0:
-        return values.new_full((starts.numel(), length, *values.shape[1:]), padding_value)
     gathered = values.index_select(0, source.clamp(max=values.shape[0] - 1).reshape(-1))
     gathered = gathered.view(starts.numel(), length, *values.shape[1:])
     inside = inside.view(*inside.shape, *([1] * (values.dim() - 1)))
@@ -135,6 +144,9 @@ def permute_pooled_embs(pooled_embs: torch.Tensor, offset_dim_list: torch.Tensor
                         inv_offset_dim_list: torch.Tensor, inv_permute_list: torch.Tensor) -> torch.Tensor:
     """The columns of each key's pooled embedding ([batch, sum of dims]) in `permute_list`'s
     order (its autograd form's backward calls it with the inverse lists)."""
+    if permute_list.numel() != offset_dim_list.numel() - 1:  # the output keeps the input's width
+        raise RuntimeError(f"fbgemm::permute_pooled_embs on {DEVICE}: permute_list must name each of the "
+                           f"{offset_dim_list.numel() - 1} keys once, got {permute_list.numel()} entries")
     dims = offset_dim_list[1:] - offset_dim_list[:-1]
     offsets_out = complete_cumsum(dims.index_select(0, permute_list))
     columns = _segment_gather(offset_dim_list, permute_list, offsets_out, pooled_embs.shape[1])

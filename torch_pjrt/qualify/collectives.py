@@ -254,6 +254,8 @@ def _process_rank(rank: int, world: int, store_path: str, out: str) -> None:
 
 
 def cross_process_check() -> str:
+    """PASS is for a transport that runs between processes, which torch_pjrt does not have
+    yet: until then the verdict is SKIP, saying what the plugin did, or FAIL."""
     world = 2
     import tempfile
 
@@ -262,7 +264,13 @@ def cross_process_check() -> str:
                                    str(world), os.path.join(tmp, "store"), os.path.join(tmp, f"{rank}.json")],
                                   env=dict(os.environ, OMP_NUM_THREADS="1"), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True) for rank in range(world)]
-        outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+        try:
+            outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+        finally:
+            for p in procs:  # one that hangs (a peer that never joined) must not outlive the check
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         failed = [f"process {rank}: {out[-2000:]}" for rank, (p, out) in enumerate(zip(procs, outputs))
                   if p.returncode != 0]
         if failed:
@@ -272,6 +280,8 @@ def cross_process_check() -> str:
             with open(os.path.join(tmp, f"{rank}.json")) as f:
                 stats.append(json.load(f))
     processes = stats[0]["processes"]
+    if processes is None:
+        raise AssertionError("the processes' group did not start the runtime (a device was used before it)")
     if processes["why_not"]:
         raise Unsupported(f"no client over {world} processes: {processes['why_not']}; their collectives (values "
                           f"right) went through the host (gloo)")
