@@ -6,9 +6,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <stdexcept>
 #include <cstdlib>
+#include <stdexcept>
 #include <functional>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -232,6 +233,17 @@ TEST(Collectives, MeaninglessRequestsAreRefused) {
                std::invalid_argument);
 }
 
+// `run` throws std::runtime_error whose message contains `needle`; `otherwise` says what
+// it means when it returns.
+void expect_error(const std::function<void()>& run, const std::string& needle, const std::string& otherwise) {
+  try {
+    run();
+    ADD_FAILURE() << otherwise;
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 // The launch barrier: members pass together; one whose group is gone fails the waiting
 // ones at once; a late member is waited for up to the timeout, then named.
 TEST(LaunchBarrier, MembersPassTogetherAndALeftOrLateMemberFailsTheOthers) {
@@ -251,20 +263,12 @@ TEST(LaunchBarrier, MembersPassTogetherAndALeftOrLateMemberFailsTheOthers) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     barrier.leave(103);
   });
-  try {
-    barrier.arrive(8, devices, 101, std::chrono::seconds(20));
-    ADD_FAILURE() << "a member whose group is gone did not fail the barrier";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("device 103"), std::string::npos) << e.what();
-  }
+  expect_error([&] { barrier.arrive(8, devices, 101, std::chrono::seconds(20)); }, "device 103",
+               "a member whose group is gone did not fail the barrier");
   leaving.join();
 
   barrier.join(103);
-  try {
-    barrier.arrive(9, devices, 101, std::chrono::milliseconds(100));
-    ADD_FAILURE() << "a late member was not reported";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("devices 102, 103"), std::string::npos) << e.what();
-  }
+  expect_error([&] { barrier.arrive(9, devices, 101, std::chrono::milliseconds(100)); }, "devices 102, 103",
+               "a late member was not reported");
   for (int64_t d : devices) barrier.leave(d);
 }
