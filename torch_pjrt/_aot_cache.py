@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch._inductor.output_code import OutputCode
 
+from ._bounded import BoundedGraph, Plan
 from ._graph import PjrtGraph
 from .recompiles import FunctionStats, frame_name, stats_for
 
@@ -38,9 +39,11 @@ class PjrtOutputCode(OutputCode):
     new PjrtGraph over it. So a second process skips AOTAutograd's tracing and
     partitioning, and compiles nothing in XLA."""
 
-    graph: PjrtGraph | None = None
+    graph: PjrtGraph | BoundedGraph | None = None
     kind: str = ""
     _serialized_gm: bytes | None = dataclasses.field(default=None, init=False)
+    _bounded_plan: Plan | None = dataclasses.field(default=None, init=False)
+    bounded_note: str = ""  # the graph's line in metrics()["compiled"][...]["bounded"], again on a load
 
     def __call__(self, inputs: Any) -> Any:
         assert self.graph is not None, "torch_pjrt: a compiled graph used before post_compile"
@@ -56,6 +59,7 @@ class PjrtOutputCode(OutputCode):
         for node in gm.graph.nodes:
             node.meta = {}
         self._serialized_gm = GraphPickler.dumps(gm, Options(ops_filter=None))
+        self._bounded_plan = self.graph.plan if isinstance(self.graph, BoundedGraph) else None
         self.graph = None
 
     def post_compile(self, example_inputs: Any, constants: Any, graph_kwargs: Any) -> None:
@@ -68,7 +72,10 @@ class PjrtOutputCode(OutputCode):
         gm = GraphPickler.loads(self._serialized_gm, FakeTensorMode(shape_env=ShapeEnv()))
         gm.recompile()
         stats = compiling.get() or stats_for(frame_name(gm))
-        self.graph = PjrtGraph(gm, self.kind, stats)
+        graph = PjrtGraph(gm, self.kind, stats)
+        self.graph = graph if self._bounded_plan is None else BoundedGraph(graph, self._bounded_plan, stats)
+        if self.bounded_note:
+            stats.bounded.append(self.bounded_note)
         self._serialized_gm = None
         self._boxed_call = True
 

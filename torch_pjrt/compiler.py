@@ -12,13 +12,14 @@ eagerly, op by op, and says why in ``torch_pjrt.metrics()["compiled"]``.
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.fx
 
-from . import _C
+from . import _C, _bounded
 from ._graph import PjrtGraph
 from .recompiles import FunctionStats, frame_name, stats_for
 
@@ -31,6 +32,12 @@ def _dims(t: Any) -> tuple[Any, ...]:
 
 
 
+# The last bounded forward graph compiled in this context: its backward, compiled next,
+# takes the padded tensors it saves as they are.
+_last_forward: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
+    "torch_pjrt_bounded_forward", default=None)
+
+
 def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
     """AOTAutograd's compiler for one kind of graph; serializable, so that its graphs
     join AOTAutograd's cache."""
@@ -39,7 +46,24 @@ def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
     from ._aot_cache import PjrtOutputCode
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
-        code = PjrtOutputCode(PjrtGraph(gm, kind, stats), kind)
+        forward = _last_forward.get() if kind == "backward" else None
+        planned = _bounded.plan(gm, example_inputs, forward[1] if forward else None)
+        note = ""
+        if isinstance(planned, _bounded.Planned):
+            graph: Any = _bounded.BoundedGraph(PjrtGraph(planned.gm, kind, stats), planned.plan, stats)
+            note = f"{kind}: {planned.plan.note}"
+            if forward:
+                _bounded.hand_over(forward[0], planned)
+        else:
+            if planned:
+                note = f"{kind}: a program per size ({planned})"
+            graph = PjrtGraph(gm, kind, stats)
+        if kind == "forward":  # a backward pairs with the forward compiled just before it
+            _last_forward.set((planned.plan, planned.outputs_by_name) if isinstance(planned, _bounded.Planned)
+                              else None)
+        if note:
+            stats.bounded.append(note)
+        code = PjrtOutputCode(graph, kind, bounded_note=note)
         code._boxed_call = True  # on the instance: wrappers copy its __dict__
         return code
 

@@ -83,8 +83,9 @@ def guard_storm(stats: FunctionStats, kind: str, signature: Signature) -> None:
     varying = _varying_dims(seen)
     where = "; ".join(f"input {i} dim {d} takes {v}, e.g. buckets {suggest_buckets(v)}" for i, d, v in varying)
     stats.storm = (f"{stats.name}: {len(seen)} distinct input shapes for its {kind} graph (limit {_policy.limit}), each "
-                   f"a new program. {where or 'the inputs change rank'}. Pad to buckets "
-                   f"(torch_pjrt.shapes.pad_to_bucket) or raise TORCH_PJRT_RECOMPILE_LIMIT.")
+                   f"a new program. {where or 'the inputs change rank'}. Mark a varying dim bounded "
+                   f"(torch_pjrt.shapes.mark_bounded(x, dim, max): one program for the range), pad to "
+                   f"buckets (torch_pjrt.shapes.pad_to_bucket) or raise TORCH_PJRT_RECOMPILE_LIMIT.")
     if _policy.action == "error":
         raise RecompileError("torch_pjrt: " + stats.storm)
     warnings.warn("torch_pjrt: " + stats.storm, stacklevel=4)
@@ -103,13 +104,18 @@ class FunctionStats:
     # Distinct input shapes each kind of graph was captured for (what the storm guard counts).
     program_shapes: dict[str, list[Signature]] = field(default_factory=dict)
     storm: str = ""  # the storm guard's finding, once
+    bounded: list[str] = field(default_factory=list)  # per graph: one program for a range of sizes, or why not
+    bounded_real_elements: int = 0  # input elements of bounded calls, real ...
+    bounded_padded_elements: int = 0  # ... and as run, padded to the bounds
 
     def as_dict(self) -> dict[str, Any]:
         return {"dynamo_graphs": self.dynamo_graphs, "recompiles": max(self.dynamo_graphs - 1, 0),
                 "shapes": self.shapes, "programs": self.programs, "calls": self.calls,
                 "eager_graphs": list(self.eager_graphs),
                 "program_shapes": {k: [list(sig) for sig in v] for k, v in self.program_shapes.items()},
-                "storm": self.storm}
+                "storm": self.storm,
+                "bounded": {"graphs": list(self.bounded), "real_elements": self.bounded_real_elements,
+                            "padded_elements": self.bounded_padded_elements}}
 
 
 _stats: dict[str, FunctionStats] = {}

@@ -1,4 +1,5 @@
-"""Shape bucketing: pad inputs to a few fixed sizes so compiled programs are reused.
+"""Shape bucketing: pad inputs to a few fixed sizes so compiled programs are reused;
+or mark a varying dim bounded, for one program over its whole range.
 
 Every new input shape is a new XLA program (``dynamic=False``). Padding a
 varying dimension (sequence length, the short last batch) up to the next of a
@@ -9,6 +10,7 @@ positions are real, so attention and losses can ignore the padding.
     ids, mask = pad_to_bucket(ids, dim=1, buckets=buckets)            # [B, 37] -> [B, 64] + mask
     loader = DataLoader(dataset, batch_size=8, collate_fn=bucket_collate(buckets, batch_buckets=[8]))
     precompile(step, [example_batch(b) for b in buckets])             # fill the cache before serving
+    mark_bounded(ids, dim=1, high=512)                                 # or: one program for 1..512
 """
 
 from __future__ import annotations
@@ -102,6 +104,24 @@ def bucket_collate(buckets: Sequence[int], pad_value: float = 0, batch_buckets: 
                         f"got {type(first).__name__}")
 
     return collate
+
+
+def mark_bounded(x: torch.Tensor, dim: int, high: int, low: int = 2) -> torch.Tensor:
+    """Marks `x`'s `dim` dynamic within [low, high] for torch.compile: the pjrt backend then
+    compiles one program, padded to `high` and masked, for every size in the range
+    (torch_pjrt/_bounded.py). Dynamo specializes sizes 0 and 1: a tensor whose size there
+    is below 2 is left unmarked (a program of its own) unless
+    torch.fx.experimental._config.backed_size_oblivious is set, which lets `low` be 1."""
+    from torch.fx.experimental import _config as fx_config
+
+    dim = dim % x.dim()
+    if not low <= x.shape[dim] <= high:
+        raise ValueError(f"torch_pjrt.shapes.mark_bounded: size {x.shape[dim]} of dim {dim} is outside "
+                         f"[{low}, {high}]")
+    if x.shape[dim] < 2 and not fx_config.backed_size_oblivious:
+        return x
+    torch._dynamo.mark_dynamic(x, dim, min=low, max=high)
+    return x
 
 
 def precompile(fn: Callable[..., Any], examples: Iterable[Any]) -> dict[str, int]:

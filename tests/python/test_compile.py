@@ -314,6 +314,7 @@ def test_storm_guard_warns_once_naming_the_varying_dim_and_buckets(dev):
                 fc(torch.ones(n, 7, device=dev))
         s = stats()
         assert "4 distinct input shapes" in s["storm"], s
+        assert "torch_pjrt.shapes.mark_bounded(x, dim, max)" in s["storm"], s
         import warnings
 
         with warnings.catch_warnings():

@@ -23,7 +23,9 @@ def problem(model: torch.nn.Module, batches: Sequence[tuple[torch.Tensor, ...]],
                                 lambda m, b: loss_fn(m(b[0]), b[1]), make_opt, steps)
 
 
-def assert_trains_like_float64(prob: differential.Problem, compiled: bool = False) -> tuple[list[float], torch.nn.Module]:
+def assert_trains_like_float64(prob: differential.Problem, compiled: bool = False,
+                               mark: Callable[[differential.Batch], None] | None = None,
+                               ) -> tuple[list[float], torch.nn.Module]:
     """Trains on the device (in the current eager mode, or compiled with backend="pjrt") with CPU
     fallback forbidden; every step must be within the bound. Returns the losses and the trained model."""
     trained: list[torch.nn.Module] = []
@@ -31,6 +33,6 @@ def assert_trains_like_float64(prob: differential.Problem, compiled: bool = Fals
         torch._dynamo.reset()
     with torch_pjrt.fallback_mode("error"):
         result = differential.run(prob, torch_pjrt.DEVICE_NAME, compile_backend="pjrt" if compiled else None,
-                                  trained=trained)
+                                  trained=trained, mark=mark)
     assert result.passed, differential.describe(result)
     return result.device_loss, trained[0]

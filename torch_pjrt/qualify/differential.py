@@ -229,9 +229,12 @@ def check_step(problem: Problem, step: int, batch: Batch, before: State, after: 
 def run(problem: Problem, device: str, compile_backend: str | None = None,
         mode: AbstractContextManager[object] | None = None,
         tamper: Callable[[int, State], State] | None = None,
-        trained: list[torch.nn.Module] | None = None, factor: float = FACTOR) -> Comparison:
+        trained: list[torch.nn.Module] | None = None, factor: float = FACTOR,
+        mark: Callable[[Batch], None] | None = None) -> Comparison:
     """Trains on `device` and judges every step. `tamper(step, state)` may change what the
-    device reported (to test the harness); the trained model is appended to `trained`."""
+    device reported (to test the harness); the trained model is appended to `trained`;
+    `mark(batch)` marks the device batch's dynamic dims before each compiled step (then the
+    compile does not specialize every shape)."""
     model = problem.make_model()
     before = capture(model, None)
     model = model.to(device)
@@ -240,13 +243,16 @@ def run(problem: Problem, device: str, compile_backend: str | None = None,
     opt = problem.make_optimizer(list(model.parameters()))
     forward: Callable[[Batch], torch.Tensor] = lambda b: problem.loss(model, b)  # noqa: E731
     if compile_backend is not None:
-        forward = torch.compile(forward, backend=compile_backend, dynamic=False)
+        forward = torch.compile(forward, backend=compile_backend, dynamic=None if mark else False)
     result = Comparison()
     with mode if mode is not None else nullcontext():
         for step in range(problem.steps):
             batch = problem.batches[step % len(problem.batches)]
             opt.zero_grad(set_to_none=True)
-            loss = forward(_move(batch, device, torch.float32))
+            moved = _move(batch, device, torch.float32)
+            if mark is not None:
+                mark(moved)
+            loss = forward(moved)
             loss.backward()
             opt.step()
             after = capture(model, opt, loss)

@@ -1,0 +1,175 @@
+"""Bounded dynamic shapes: a dim marked ``torch._dynamo.mark_dynamic(x, d, min=, max=)``
+compiles one padded, masked program for the whole range (torch_pjrt/_bounded.py).
+
+Each result is judged against a float64 CPU reference, with a bound measured from the
+per-size pjrt program's own distance to it (what the bounded program must match), and
+the programs are counted."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+import trajectory
+from torch.fx.experimental import _config as fx_config
+
+import torch_pjrt
+from torch_pjrt.qualify import differential
+
+DEV = torch_pjrt.DEVICE_NAME
+EPS = torch.finfo(torch.float32).eps
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    torch_pjrt.reset_metrics()
+    # Dynamo specializes sizes 0 and 1 unless told not to; with it, a range can start at 1.
+    with fx_config.patch(backed_size_oblivious=True):
+        yield
+    torch._dynamo.reset()
+
+
+def stats() -> dict:
+    compiled = torch_pjrt.metrics()["compiled"]
+    assert len(compiled) == 1, compiled
+    return next(iter(compiled.values()))
+
+
+def bounded(x: torch.Tensor, dim: int, high: int, low: int = 1) -> torch.Tensor:
+    torch._dynamo.mark_dynamic(x, dim, min=low, max=high)
+    return x
+
+
+def assert_close_as_per_size(bounded_out, per_size_out, exact_out, what: str) -> None:
+    """The bounded program is as close to float64 as the per-size program is (up to the
+    harness's factor for a different summation order), or within a few ulps."""
+    for b, p, e in zip(bounded_out, per_size_out, exact_out):
+        b, p, e = b.cpu().double(), p.cpu().double(), e.double()
+        assert b.shape == e.shape, (what, b.shape, e.shape)
+        if not e.is_floating_point():
+            assert torch.equal(b, e), what
+            continue
+        floor = differential.ULPS * EPS * max(e.abs().max().item(), 1e-30)
+        bound = max(differential.FACTOR * (p - e).abs().max().item(), floor)
+        err = (b - e).abs().max().item()
+        assert err <= bound, f"{what}: |bounded - float64| = {err:.3g} > {bound:.3g}"
+
+
+def reductions(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Work across the varying dim 1 of x ([4, n, 8]): sums, means, maxima, a softmax,
+    a contraction, the last element, and the size used as a value."""
+    scores = torch.softmax(x @ w, dim=1)  # [4, n, 8], normalized over n
+    # bmm, not @: matmul's decomposition guards on a contraction of size 1 (Dynamo's, with any backend)
+    pooled = torch.bmm(scores.transpose(1, 2), x)  # [4, 8, 8], contracted over n
+    return (pooled, x.sum(1), x.mean(1), x.amax(1), x.logsumexp(1), x[:, -1] * x.shape[1],
+            torch.cumsum(x, 1)[:, -1], scores * 2, x.argmax(1))
+
+
+def test_one_program_serves_every_size_in_the_bound():
+    w = torch.randn(8, 8)
+    wd = w.to(DEV)
+    per_size = torch.compile(lambda x, w: reductions(x, w), backend="pjrt", dynamic=False)  # a frame of its own
+    one = torch.compile(reductions, backend="pjrt")
+    sizes = [17, 1, 2, 3, 64, 255, 511, 512]  # the first traced size is a general one
+    for n in sizes:
+        x = torch.randn(4, n, 8)
+        exact = reductions(x.double(), w.double())
+        reference = per_size(x.to(DEV), wd)
+        out = one(bounded(x.to(DEV), 1, 512), wd)
+        assert_close_as_per_size(out, reference, exact, f"n={n}")
+    one_stats = next(v for k, v in torch_pjrt.metrics()["compiled"].items() if k.startswith("reductions"))
+    [note] = one_stats["bounded"]["graphs"]
+    assert note.startswith("inference: one program for ") and note.endswith(" in [1, 512]"), note
+    assert one_stats["programs"] == 1 and one_stats["dynamo_graphs"] == 1, one_stats
+    assert not one_stats["eager_graphs"], one_stats
+    real, padded = one_stats["bounded"]["real_elements"], one_stats["bounded"]["padded_elements"]
+    # the padding's cost, over the inputs with a bounded size (x; w is the same at every size)
+    assert real == sum(4 * n * 8 for n in sizes) and padded == len(sizes) * 4 * 512 * 8, one_stats
+
+
+def test_a_size_outside_the_bound_is_a_clear_error_or_a_new_graph():
+    f = torch.compile(lambda x: x.sum(0), backend="pjrt")
+    f(bounded(torch.randn(5, 3, device=DEV), 0, 16))
+    # Dynamo's guard on the range sends a larger size to a graph of its own: still right.
+    x = torch.randn(40, 3)
+    assert torch.allclose(f(x.to(DEV)).cpu(), x.sum(0), atol=1e-5)
+
+
+def test_a_graph_without_a_padding_rule_gets_a_program_per_size_and_says_why():
+    f = torch.compile(lambda x: torch.sort(x, dim=0).values, backend="pjrt")
+    for n in (3, 7):
+        x = torch.randn(n, 2)
+        assert torch.equal(f(bounded(x.to(DEV), 0, 32)).cpu(), torch.sort(x, dim=0).values)
+    s = stats()
+    assert s["programs"] == 2, s
+    assert s["bounded"]["graphs"] == ["inference: a program per size (aten.sort.default has no padding rule)"], s
+
+
+def test_mark_bounded_marks_the_range_and_refuses_a_size_outside_it():
+    f = torch.compile(lambda x: (x * x).sum(1), backend="pjrt")
+    for n in (3, 9, 1, 20):
+        x = torch.randn(2, n)
+        out = f(torch_pjrt.shapes.mark_bounded(x.to(DEV), 1, 32, low=1))
+        assert torch.allclose(out.cpu(), (x * x).sum(1), rtol=1e-6, atol=1e-6)
+    s = stats()
+    assert s["programs"] == 1 and s["dynamo_graphs"] == 1, s
+    with pytest.raises(ValueError, match=r"mark_bounded: size 40 of dim 1 is outside \[1, 32\]"):
+        torch_pjrt.shapes.mark_bounded(torch.zeros(2, 40), 1, 32, low=1)
+
+
+class TinyLM(torch.nn.Module):
+    """A one-block causal language model: every op a sequence-length-dependent graph has
+    (embeddings of tokens and positions, attention masked causally and softmaxed over the
+    keys, layer norms, an MLP, cross-entropy over the tokens)."""
+
+    def __init__(self, vocab: int = 32, width: int = 16, length: int = 64) -> None:
+        super().__init__()
+        self.tokens = torch.nn.Embedding(vocab, width)
+        self.positions = torch.nn.Embedding(length, width)
+        self.norm1 = torch.nn.LayerNorm(width)
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.proj = torch.nn.Linear(width, width)
+        self.norm2 = torch.nn.LayerNorm(width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 2 * width), torch.nn.GELU(),
+                                       torch.nn.Linear(2 * width, width))
+        self.head = torch.nn.Linear(width, vocab)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        h = self.tokens(ids) + self.positions(torch.arange(t, device=ids.device))
+        q, k, v = self.qkv(self.norm1(h)).chunk(3, dim=-1)
+        scores = (q @ k.transpose(1, 2)) / math.sqrt(q.shape[-1])
+        causal = torch.ones(t, t, dtype=torch.bool, device=ids.device).triu(1)
+        attn = scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
+        h = h + self.proj(attn)
+        h = h + self.mlp(self.norm2(h))
+        return self.head(h)
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def test_training_with_a_varying_sequence_length_is_one_forward_and_one_backward_program():
+    torch.manual_seed(0)
+    model = TinyLM()
+    lengths = [7, 33, 64, 2, 50, 3, 19, 64]  # from 2: `attn @ v` guards on a contraction of size 1
+    batches = []
+    for t in lengths:
+        ids = torch.randint(0, 32, (3, t))
+        batches.append((ids, torch.roll(ids, -1, dims=1)))
+    prob = trajectory.problem(model, batches, lm_loss, lambda p: torch.optim.SGD(p, lr=0.5), steps=len(lengths))
+
+    def mark(batch: differential.Batch) -> None:
+        for t in batch:
+            torch._dynamo.mark_dynamic(t, 1, min=2, max=64)
+
+    trajectory.assert_trains_like_float64(prob, compiled=True, mark=mark)
+    s = stats()
+    assert s["dynamo_graphs"] == 1 and s["programs"] == 2, s  # one forward, one backward, every length
+    assert [g.split(":")[0] for g in s["bounded"]["graphs"]] == ["forward", "backward"], s
+    assert all("one program for" in g for g in s["bounded"]["graphs"]), s
+    assert not s["eager_graphs"], s
