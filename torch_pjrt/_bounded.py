@@ -129,6 +129,7 @@ class _Rewriter:
         self.symbol_nodes: dict[sympy.Symbol, torch.fx.Node] = {}
         self.device: torch.device | None = None
         self.sizes: torch.fx.Node | None = None
+        self.random: list[str] = []  # random ops drawing over padded dims
 
     # -- helpers
 
@@ -149,6 +150,12 @@ class _Rewriter:
     def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
         return self.graph.call_function(target, args, kwargs)
 
+    def binary(self, packet: Any, a: torch.fx.Node, b: Any, **kwargs: Any) -> torch.fx.Node:
+        """packet(a, b): its Tensor overload, or its Scalar one when b is a number."""
+        mode = "_mode" if kwargs else ""
+        overload = getattr(packet, ("Tensor" if isinstance(b, torch.fx.Node) else "Scalar") + mode)
+        return self.call(overload, a, b, **kwargs)
+
     def value(self, e: sympy.Expr) -> Any:
         """A node (0-d int64 on the device) holding e at the real sizes, or an int."""
         from torch.utils._sympy.functions import FloorDiv
@@ -159,19 +166,22 @@ class _Rewriter:
             if e not in self.symbol_nodes:
                 self.symbol_nodes[e] = self.call(aten.select.int, self.sizes, 0, self.symbols.index(e))
             return self.symbol_nodes[e]
-        parts = [self.value(a) for a in e.args]
+        parts = [self.value(a) for a in e.args] if not isinstance(e, sympy.Pow) else [self.value(e.base)]
         if isinstance(e, (sympy.Add, sympy.Mul)):
             op = aten.add if isinstance(e, sympy.Add) else aten.mul
             nodes = [p for p in parts if isinstance(p, torch.fx.Node)]
             ints = [p for p in parts if not isinstance(p, torch.fx.Node)]
             out = nodes[0]
-            for p in nodes[1:]:
-                out = self.call(op.Tensor, out, p)
-            for p in ints:
-                out = self.call(op.Tensor, out, p)
+            for p in nodes[1:] + ints:
+                out = self.binary(op, out, p)
+            return out
+        if isinstance(e, sympy.Pow) and e.exp.is_Integer and int(e.exp) > 0:
+            out = parts[0]
+            for _ in range(int(e.exp) - 1):
+                out = self.call(aten.mul.Tensor, out, parts[0])
             return out
         if isinstance(e, FloorDiv) and not isinstance(parts[1], torch.fx.Node):
-            return self.call(aten.div.Tensor_mode, parts[0], parts[1], rounding_mode="floor")
+            return self.binary(aten.div, parts[0], parts[1], rounding_mode="floor")
         if isinstance(e, (sympy.Max, sympy.Min)):
             out = parts[0] if isinstance(parts[0], torch.fx.Node) else parts[1]
             for p in parts:
@@ -219,6 +229,52 @@ class _Rewriter:
             return x
         return self.call(aten.where.ScalarOther, mask, x, fill)
 
+    def index_parts(self, atoms: Sequence[Atom]) -> tuple[torch.fx.Node, list[torch.fx.Node]]:
+        """Over the padded positions of `atoms` (row-major): each atom's index (int64 vectors)."""
+        total = math.prod(p for p, _ in atoms)
+        iota = self.call(aten.arange.default, total, dtype=torch.int64, device=self.device)
+        parts = []
+        stride = total
+        for p, _ in atoms:
+            stride //= p
+            parts.append(self.binary(aten.remainder, self.binary(aten.div, iota, stride, rounding_mode="floor"), p))
+        return iota, parts
+
+    def positions(self, target: Sequence[Atom], source: Sequence[Atom]) -> torch.fx.Node:
+        """For each padded position of `target`'s atoms, the padded position in `source`'s
+        atoms holding the same real element (row-major over the real sizes; both have the
+        same real size); 0 at padding."""
+        _, parts = self.index_parts(target)
+        valid = None
+        real: Any = 0
+        for (p, e), index in zip(target, parts):
+            if not _is_static(e):
+                v = self.call(aten.lt.Tensor, index, self.value(e))
+                valid = v if valid is None else self.call(aten.logical_and.default, valid, v)
+            real = index if isinstance(real, int) else self.binary(aten.add, self.binary(aten.mul, real, self.value(e)),
+                                                                   index)
+        flat: Any = 0
+        rest: Any = real
+        for k, (q, f) in enumerate(source):
+            below = sympy.Mul(*[g for _, g in source[k + 1:]])
+            digit = self.binary(aten.div, rest, self.value(below), rounding_mode="floor") if below != 1 else rest
+            if k > 0:
+                digit = self.binary(aten.remainder, digit, self.value(f))
+            flat = digit if isinstance(flat, int) else self.binary(aten.add, self.binary(aten.mul, flat, q), digit)
+        if valid is not None:
+            flat = self.call(aten.where.ScalarOther, valid, flat, 0)
+        return flat
+
+    def relayout(self, x: torch.fx.Node, source: Struct, target: Struct) -> torch.fx.Node:
+        """x (laid out as `source`) laid out as `target`: the same real tensor, its
+        padding elsewhere; a gather of every element."""
+        if source == target:
+            return x
+        flat = self.call(aten.reshape.default, x, [-1])
+        picked = self.call(aten.index_select.default, flat, 0, self.positions(
+            [a for dim in target for a in dim], [a for dim in source for a in dim]))
+        return self.call(aten.reshape.default, picked, [math.prod(p for p, _ in dim) for dim in target])
+
     def S(self, a: Any) -> Struct:
         return self.struct[a]
 
@@ -264,8 +320,11 @@ class _Rewriter:
                 continue
             if n.op != "call_function":
                 raise Refused(f"{n.op} node {n.name}")
-            self.env[n], self.struct[n] = self.rewrite(n)
-            self.check(n)
+            try:
+                self.env[n], self.struct[n] = self.rewrite(n)
+                self.check(n)
+            except Refused as e:
+                raise Refused(f"{e}{_where(n)}") from None
         assert output is not None
         results = output.args[0]
         single = not isinstance(results, (tuple, list))
@@ -349,6 +408,8 @@ class _Rewriter:
             if isinstance(n.meta.get("val"), (torch.SymInt, int, torch.SymBool, bool)):
                 return self.graph.node_copy(n, lambda a: self.env[a]), None
             raise Refused(f"{target} has no padding rule")
+        if target in (aten.sym_size.int, aten.sym_numel.default):  # at the bound, as the padded tensor has it
+            return self.graph.node_copy(n, lambda a: self.env[a]), None
         rule = _RULES.get(target) or _RULES.get(target.overloadpacket)
         if rule is not None:
             return rule(self, n)
@@ -364,6 +425,18 @@ class _Rewriter:
             structs = [self.meta_struct(v) if isinstance(v, torch.Tensor) else None for v in vals]
             return new, structs if isinstance(val, (tuple, list)) else structs[0]
         raise Refused(f"{target} has no padding rule")
+
+
+def _where(n: torch.fx.Node) -> str:
+    """ ' at file:line' of the user's code that made the node, when traced."""
+    trace = n.meta.get("stack_trace") or ""
+    lines = [line.strip() for line in trace.splitlines() if line.strip().startswith("File ")]
+    if not lines:
+        return ""
+    parts = lines[-1].split('"')
+    location = parts[1].rsplit("/", 1)[-1] if len(parts) > 1 else ""
+    line = lines[-1].split("line ")[-1].split(",")[0]
+    return f" at {location}:{line}" if location else ""
 
 
 def _symbolic_args(n: torch.fx.Node) -> bool:
@@ -410,6 +483,8 @@ def _from_meta(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
 
 
 def _broadcast(rw: _Rewriter, n: torch.fx.Node, tensors: Sequence[Any]) -> Struct:
+    """The result's layout: each dim as the first operand padded there has it (an operand
+    laid out otherwise is relaid out: _aligned)."""
     rank = n.meta["val"].dim()
     out: list[Dim] = []
     meta = n.meta["val"].shape
@@ -418,16 +493,23 @@ def _broadcast(rw: _Rewriter, n: torch.fx.Node, tensors: Sequence[Any]) -> Struc
         for t in tensors:
             s = rw.S(t)
             j = k - (rank - len(s))
-            if j < 0:
-                continue
-            dim = s[j]
-            if all(_is_static(e) for _, e in dim):
-                continue
-            if chosen is not None and chosen != dim:
-                raise Refused(f"{n.target}: operands padded differently ({chosen} and {dim})")
-            chosen = dim
+            if j >= 0 and not all(_is_static(e) for _, e in s[j]):
+                chosen = s[j]
+                break
         out.append(chosen if chosen is not None else (rw.atom(_expr(meta[k])),))
     return tuple(out)
+
+
+def _aligned(rw: _Rewriter, a: torch.fx.Node, struct: Struct) -> torch.fx.Node:
+    """Operand `a` (new graph) laid out as `struct` where it has the same dims padded."""
+    s = rw.S(a)
+    rank = len(struct)
+    want = list(s)
+    for j, dim in enumerate(s):
+        k = j + rank - len(s)
+        if not all(_is_static(e) for _, e in dim) and dim != struct[k]:
+            want[j] = struct[k]
+    return rw.relayout(rw.env[a], s, tuple(want)) if tuple(want) != s else rw.env[a]
 
 
 def _pointwise(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -444,7 +526,7 @@ def _pointwise(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
             if not _is_static(e):
                 replaced.append(name)
                 return rw.value(e)
-        return torch.fx.node.map_arg(a, lambda x: rw.env[x])
+        return torch.fx.node.map_arg(a, lambda x: _aligned(rw, x, struct) if x in tensors else rw.env[x])
 
     names = [a.name for a in op._schema.arguments]
     args = tuple(arg(names[k], a) for k, a in enumerate(n.args))
@@ -486,7 +568,13 @@ def _regroup(rw: _Rewriter, n: torch.fx.Node, source: Struct, target: Sequence[A
 
 
 def _reshape(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
-    return _copy(rw, n, _regroup(rw, n, rw.S(n.args[0]), n.meta["val"].shape))
+    try:
+        return _copy(rw, n, _regroup(rw, n, rw.S(n.args[0]), n.meta["val"].shape))
+    except Refused:
+        # padding inside a dim the reshape splits differently: gather into the target's
+        # own layout (each dim padded at its end)
+        target = rw.meta_struct(n.meta["val"])
+        return rw.relayout(rw.env[n.args[0]], rw.S(n.args[0]), target), target
 
 
 def _permute(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -557,7 +645,7 @@ def _select(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
         return _copy(rw, n, out)
     if not _single(dim) or not isinstance(index, int):
         raise Refused(f"{n.target}: a select from the end of a padded dimension")
-    position = rw.call(aten.add.Tensor, rw.value(dim[0][1]), index)
+    position = rw.binary(aten.add, rw.value(dim[0][1]), index)
     picked = rw.call(aten.index_select.default, rw.env[x], d, rw.call(aten.reshape.default, position, [1]))
     return rw.call(aten.squeeze.dim, picked, d), out
 
@@ -569,7 +657,7 @@ def _select_backward(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     dim = struct[d]
     if all(_is_static(e) for _, e in dim) or index >= 0:
         return _copy(rw, n, struct)
-    position = rw.call(aten.reshape.default, rw.call(aten.add.Tensor, rw.value(dim[0][1]), index), [1])
+    position = rw.call(aten.reshape.default, rw.binary(aten.add, rw.value(dim[0][1]), index), [1])
     zeros = rw.call(aten.zeros.default, [rw.env[a] if isinstance(a, torch.fx.Node) else a for a in sizes],
                     dtype=n.meta["val"].dtype, device=rw.device)
     return rw.call(aten.index_copy.default, zeros, d, position, rw.call(aten.unsqueeze.default, rw.env[grad], d)), \
@@ -586,17 +674,63 @@ def _slice_backward(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
 
 
 def _cat(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
-    tensors = n.args[0]
-    d = n.args[1] if len(n.args) > 1 else 0
-    rank = n.meta["val"].dim()
-    d %= rank
-    structs = [rw.S(t) for t in tensors if t.meta["val"].dim() == rank]
-    for s in structs:
-        if not all(_is_static(e) for _, e in s[d]):
-            raise Refused(f"{n.target}: a concatenation along a padded dimension")
-    out = list(_broadcast(rw, n, [t for t in tensors if t.meta["val"].dim() == rank]))
+    tensors = [t for t in n.args[0] if t.meta["val"].dim() == n.meta["val"].dim()]  # cat skips 1-d empties
+    d = (n.args[1] if len(n.args) > 1 else n.kwargs.get("dim", 0)) % n.meta["val"].dim()
+    out = list(_broadcast(rw, n, tensors))
     out[d] = (rw.atom(_expr(n.meta["val"].shape[d])),)
-    return _copy(rw, n, tuple(out))
+    out_struct = tuple(out)
+    parts = []
+    for t in tensors:
+        want = list(out_struct)
+        want[d] = rw.S(t)[d]
+        parts.append(_aligned(rw, t, tuple(want)))
+    joined = rw.call(aten.cat.default, parts, d)
+    if all(all(_is_static(e) for _, e in rw.S(t)[d]) for t in tensors):
+        return joined, out_struct
+    # Each part's padding sits after its real rows: gather the real rows together, padding last.
+    source = [rw.S(t)[d] for t in tensors]
+    if any(len(dim) != 1 for dim in source):
+        source_atoms = [rw.S(t)[d] for t in tensors]
+        raise Refused(f"{n.target}: a concatenation of dims with padding inside them ({source_atoms})")
+    total = math.prod(p for p, _ in out_struct[d])
+    index = rw.call(aten.arange.default, total, dtype=torch.int64, device=rw.device)
+    position: Any = None
+    real_offset: Any = 0
+    padded_offset = 0
+    for (p, e), in source:
+        here = rw.binary(aten.add, rw.binary(aten.sub, index, real_offset), padded_offset)
+        position = here if position is None else rw.call(
+            aten.where.self, rw.binary(aten.ge, index, real_offset), here, position)
+        real_offset = rw.value(e) if isinstance(real_offset, int) else rw.binary(aten.add, real_offset, rw.value(e))
+        padded_offset += p
+    position = rw.call(aten.clamp.default, position, 0, total - 1)
+    return rw.call(aten.index_select.default, joined, d, position), out_struct
+
+
+def _pad(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """constant_pad_nd: padding a padded dim at its end writes the value over our padding
+    first, so the real part stays a prefix; at its start it is a prefix already."""
+    x, pads = n.args[0], n.args[1]
+    value = n.args[2] if len(n.args) > 2 else n.kwargs.get("value", 0)
+    s = rw.S(x)
+    masked_dims = []
+    out = list(s)
+    for k in range(len(pads) // 2):
+        d = len(s) - 1 - k
+        before, after = pads[2 * k], pads[2 * k + 1]
+        size = _expr(n.meta["val"].shape[d])
+        if not all(_is_static(e) for _, e in s[d]):
+            if not (isinstance(before, int) and isinstance(after, int)) or before < 0 or after < 0 \
+                    or not _single(s[d]):
+                raise Refused(f"{n.target}: cropping or padding inside a padded dim")
+            if after:
+                masked_dims.append(d)
+        out[d] = (rw.atom(size),)
+    dtype = x.meta["val"].dtype
+    fill = value if dtype.is_floating_point or dtype.is_complex else (bool(value) if dtype is torch.bool
+                                                                       else int(value))
+    xin = rw.masked(rw.env[x], s, masked_dims, fill) if masked_dims else rw.env[x]
+    return rw.call(aten.constant_pad_nd.default, xin, list(pads), value), tuple(out)
 
 
 def _split(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -671,7 +805,7 @@ def _reduction(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
         return rw.graph.call_function(n.target, args, kwargs), structs
     total = rw.call(aten.sum.dim_IntList, masked, dims, keepdim, dtype=kwargs.get("dtype"))
     count = sympy.Mul(*[e for d in dims for _, e in s[d]])
-    return rw.call(aten.div.Tensor, total, rw.value(count)), structs
+    return rw.binary(aten.div, total, rw.value(count)), structs
 
 
 def _softmax(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -698,13 +832,16 @@ def _matmul(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
         a, b = n.args[:2]
     sa, sb = rw.S(a), rw.S(b)
     ea, eb = rw.env[a], rw.env[b]
-    if sa[-1] != sb[-2]:
-        raise Refused(f"{n.target}: contracted dims padded differently ({sa[-1]} and {sb[-2]})")
+    want = list(sb)
+    want[-2] = sa[-1]
+    if packet is aten.bmm:
+        want[0] = sa[0]
+    if tuple(want) != sb:  # b padded otherwise along a shared dim: relaid out as a has it
+        eb = rw.relayout(eb, sb, tuple(want))
+        sb = tuple(want)
     if not all(_is_static(e) for _, e in sa[-1]):
         ea = rw.masked(ea, sa, [len(sa) - 1], 0)
         eb = rw.masked(eb, sb, [len(sb) - 2], 0)
-    if packet is aten.bmm and sa[0] != sb[0] and not (all(_is_static(e) for _, e in sa[0] + sb[0])):
-        raise Refused(f"{n.target}: batch dims padded differently")
     struct = (*sa[:-1], sb[-1])
     if bias is not None:
         rank_b = len(rw.S(bias))
@@ -742,7 +879,8 @@ def _layer_norm_backward(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
 
 def _embedding(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     weight, indices = n.args[:2]
-    return _copy(rw, n, (*rw.S(indices), *rw.S(weight)[1:]))
+    args = (rw.env[weight], _in_range(rw, indices), *n.args[2:])
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), (*rw.S(indices), *rw.S(weight)[1:])
 
 
 def _embedding_backward(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -772,8 +910,17 @@ def _nll_loss(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     return rw.graph.call_function(n.target, tuple(args), {}), struct
 
 
+def _in_range(rw: _Rewriter, index: torch.fx.Node) -> torch.fx.Node:
+    """An index tensor with 0 at its padding: what padding computed may be out of range,
+    and an out-of-range index is an error."""
+    s = rw.S(index)
+    return rw.masked(rw.env[index], s, range(len(s)), 0)
+
+
 def _gather(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
-    return _copy(rw, n, rw.S(n.args[2]))
+    x, d, index = n.args[:3]
+    args = (rw.env[x], d, _in_range(rw, index), *n.args[3:])
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), rw.S(index)
 
 
 def _index_select(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -781,15 +928,61 @@ def _index_select(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     s = list(rw.S(x))
     d %= len(s)
     s[d] = rw.S(index)[0] if rw.S(index) else ((1, sympy.Integer(1)),)
-    return _copy(rw, n, tuple(s))
+    return rw.call(aten.index_select.default, rw.env[x], d, _in_range(rw, index)), tuple(s)
 
 
-def _refuse_random(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+def _index(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """x[i, j, ...] with index tensors: the indexed dims become the indices' broadcast
+    layout, in place when they are adjacent, else first."""
+    x, indices = n.args
+    sx = rw.S(x)
+    used = [k for k, i in enumerate(indices) if i is not None]
+    if any(indices[k].meta["val"].dtype in (torch.bool, torch.uint8) for k in used):
+        raise Refused(f"{n.target}: a boolean mask as an index")
+    rank = max(indices[k].meta["val"].dim() for k in used)
+    shape = torch.broadcast_shapes(*[indices[k].meta["val"].shape for k in used])
+    layout: list[Dim] = []
+    for j in range(rank):
+        chosen = None
+        for k in used:
+            si = rw.S(indices[k])
+            jj = j - (rank - len(si))
+            if jj >= 0 and not all(_is_static(e) for _, e in si[jj]):
+                chosen = si[jj]
+                break
+        layout.append(chosen if chosen is not None else (rw.atom(_expr(shape[j])),))
+    new_indices = []
+    for i in indices:
+        if i is None:
+            new_indices.append(None)
+            continue
+        si = rw.S(i)
+        want = tuple(layout[j + rank - len(si)] if not all(_is_static(e) for _, e in si[j]) else si[j]
+                     for j in range(len(si)))
+        moved = rw.relayout(rw.env[i], si, want) if want != si else rw.env[i]
+        new_indices.append(rw.masked(moved, want, range(len(want)), 0))
+    adjacent = used == list(range(used[0], used[-1] + 1))
+    rest = [sx[k] for k in range(len(sx)) if k not in used]
+    if adjacent:
+        out = (*sx[:used[0]], *layout, *sx[used[-1] + 1:])
+    else:
+        out = (*layout, *rest)
+    return rw.call(aten.index.Tensor, rw.env[x], new_indices), tuple(out)
+
+
+def _random(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """dropout, rand_like, bernoulli ...: each element drawn independently, so the real
+    part is drawn as without padding, from other numbers of the stream than a per-size
+    program's (said in the plan's note)."""
     val = n.meta.get("val")
     vals = list(val) if isinstance(val, (tuple, list)) else [val]
+    tensors = [a for a in n.all_input_nodes if isinstance(a.meta.get("val"), torch.Tensor)]
     if any(isinstance(v, torch.Tensor) and any(not _is_static(_expr(d)) for d in v.shape) for v in vals):
-        raise Refused(f"{n.target}: random values over a padded dimension would differ from a per-size program")
-    return _copy(rw, n, [rw.meta_struct(v) for v in vals] if isinstance(val, (tuple, list)) else rw.meta_struct(val))
+        rw.random.append(str(n.target.overloadpacket).split(".")[-1])
+    if tensors:
+        struct = rw.S(tensors[0])
+        return _copy(rw, n, [struct] * len(vals) if isinstance(val, (tuple, list)) else struct)
+    return _from_meta(rw, n)
 
 
 _RULES: dict[Any, Callable[[_Rewriter, torch.fx.Node], tuple[Any, Any]]] = {}
@@ -808,9 +1001,10 @@ for _ops, _rule in [
     ((aten.select_backward,), _select_backward),
     ((aten.slice_backward,), _slice_backward),
     ((aten.cat,), _cat),
+    ((aten.constant_pad_nd,), _pad),
     ((aten.split, aten.split_with_sizes), _split),
     (tuple(_IDENTITY), _reduction),
-    ((aten._softmax, aten._log_softmax), _softmax),
+    ((aten._softmax, aten._log_softmax, aten._safe_softmax), _softmax),
     ((aten._softmax_backward_data, aten._log_softmax_backward_data), _softmax_backward),
     ((aten.mm, aten.bmm, aten.addmm), _matmul),
     ((aten.native_layer_norm,), _layer_norm),
@@ -820,7 +1014,8 @@ for _ops, _rule in [
     ((aten.nll_loss_forward, aten.nll_loss_backward), _nll_loss),
     ((aten.gather,), _gather),
     ((aten.index_select,), _index_select),
-    ((aten.native_dropout, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli), _refuse_random),
+    ((aten.index,), _index),
+    ((aten.native_dropout, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli), _random),
 ]:
     for _op in _ops:
         _RULES[_op] = _rule
@@ -880,6 +1075,9 @@ def plan(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     except Refused as e:
         return str(e)
     p.note = "one program for " + ", ".join(f"{name} in [{lo}, {hi}]" for name, lo, hi in p.symbols)
+    if rewriter.random:
+        p.note += (f" ({', '.join(sorted(set(rewriter.random)))} draw over the padded shape: other random numbers "
+                   "than a program per size)")
     return Planned(new, p, rewriter.outputs_by_name, rewriter.kept_padded)
 
 

@@ -173,3 +173,53 @@ def test_training_with_a_varying_sequence_length_is_one_forward_and_one_backward
     assert [g.split(":")[0] for g in s["bounded"]["graphs"]] == ["forward", "backward"], s
     assert all("one program for" in g for g in s["bounded"]["graphs"]), s
     assert not s["eager_graphs"], s
+
+
+def tiny_causal_lm(arch: str, dropout: float = 0.0) -> torch.nn.Module:
+    import transformers
+
+    torch.manual_seed(0)
+    if arch == "gpt2":
+        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=64,
+                                         resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+        model = transformers.GPT2LMHeadModel(config)
+    else:
+        config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=32, intermediate_size=64,
+                                          num_attention_heads=4, num_key_value_heads=2, vocab_size=64,
+                                          max_position_embeddings=64)
+        model = transformers.LlamaForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_transformers_training_with_a_varying_sequence_length_is_one_program_per_graph(arch):
+    """Unmodified transformers models (SDPA attention, their own shifted causal-LM loss)
+    trained with sequences of 2 to 64 tokens: every step against float64, and each graph
+    (GPT-2's loss is a frame of its own) one program forward and one backward."""
+    model = tiny_causal_lm(arch)
+    lengths = [9, 17, 40, 5, 64, 2]
+    batches = [(torch.randint(0, 64, (2, t)),) for t in lengths]
+    prob = differential.Problem(lambda: __import__("copy").deepcopy(model), batches,
+                                lambda m, b: m(input_ids=b[0], labels=b[0], use_cache=False).loss,
+                                lambda p: torch.optim.SGD(p, lr=0.5), steps=len(lengths))
+    trajectory.assert_trains_like_float64(prob, compiled=True,
+                                          mark=lambda b: torch._dynamo.mark_dynamic(b[0], 1, min=2, max=64))
+    compiled = torch_pjrt.metrics()["compiled"]
+    for name, s in compiled.items():
+        assert s["dynamo_graphs"] == 1 and s["programs"] == 2, (name, s)
+        assert [g.split(":")[0] for g in s["bounded"]["graphs"]] == ["forward", "backward"], (name, s)
+        assert all(" one program for " in g for g in s["bounded"]["graphs"]), (name, s)
+        assert not s["eager_graphs"], (name, s)
+
+
+def test_dropout_draws_over_the_padded_shape_and_says_so():
+    model = tiny_causal_lm("gpt2", dropout=0.1).to(DEV)
+    step = torch.compile(lambda ids: model(input_ids=ids, labels=ids, use_cache=False).loss, backend="pjrt")
+    for t in (7, 30):
+        loss = step(torch_pjrt.shapes.mark_bounded(torch.randint(0, 64, (2, t)).to(DEV), 1, 64))
+        loss.backward()
+        assert math.isfinite(loss.item())
+    notes = [g for s in torch_pjrt.metrics()["compiled"].values() for g in s["bounded"]["graphs"]]
+    assert any("native_dropout draw over the padded shape" in g for g in notes), notes
+    assert all(" one program for " in g for g in notes), notes
