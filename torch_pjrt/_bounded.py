@@ -808,6 +808,111 @@ def _reduction(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     return rw.binary(aten.div, total, rw.value(count)), structs
 
 
+def _along_static_dim(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """sort, topk, argsort: each row alone, so padding along the other dims is harmless;
+    along a padded dim they would move padding among real values."""
+    s = rw.S(n.args[0])
+    names = [a.name for a in n.target._schema.arguments]
+    bound = dict(zip(names, n.args)) | dict(n.kwargs)
+    d = bound.get("dim", -1) % len(s)
+    if not all(_is_static(e) for _, e in s[d]):
+        raise Refused(f"{n.target}: along a padded dimension")
+    val = n.meta["val"]
+    out = list(s)
+    out[d] = (rw.atom(_expr((val[0] if isinstance(val, (tuple, list)) else val).shape[d])),)
+    return _copy(rw, n, [tuple(out)] * len(val) if isinstance(val, (tuple, list)) else tuple(out))
+
+
+def _variance(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """var, std, var_mean over padded dims: the mean and the squared deviations of the
+    real elements, divided by the real count (less the correction)."""
+    x = n.args[0]
+    s = rw.S(x)
+    dims_arg = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
+    dims = list(range(len(s))) if dims_arg in (None, []) else sorted({d % len(s) for d in dims_arg})
+    keepdim = bool(n.kwargs.get("keepdim", False))
+    out = tuple(((1, sympy.Integer(1)),) if k in dims else s[k] for k in range(len(s)) if keepdim or k not in dims)
+    packet = n.target.overloadpacket
+    structs: Any = [out, out] if packet is aten.var_mean else out
+    padded = [d for d in dims if not all(_is_static(e) for _, e in s[d])]
+    if not padded:
+        return _copy(rw, n, structs)
+    if n.target._overloadname != "correction":
+        raise Refused(f"{n.target} has no padding rule")
+    correction = n.kwargs.get("correction", 1)
+    correction = 1 if correction is None else correction
+    count = rw.value(sympy.Mul(*[e for d in dims for _, e in s[d]]))
+    xs = rw.masked(rw.env[x], s, padded, 0)
+    mean = rw.binary(aten.div, rw.call(aten.sum.dim_IntList, xs, dims, True), count)
+    deviation = rw.masked(rw.call(aten.sub.Tensor, rw.env[x], mean), s, padded, 0)
+    squares = rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, deviation, deviation), dims, keepdim)
+    var = rw.binary(aten.div, squares, rw.binary(aten.sub, count, correction))
+    if packet is aten.std:
+        return rw.call(aten.sqrt.default, var), structs
+    if packet is aten.var_mean:
+        m = mean if keepdim else rw.call(aten.squeeze.dims, mean, dims)
+        return rw.call(_tuple, var, m), structs
+    return var, structs
+
+
+def _flip(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """flip along a padded dim: the real elements reversed in place, padding still last
+    (a gather of real positions n-1-i)."""
+    x, dims = n.args[0], n.args[1]
+    s = rw.S(x)
+    dims = [d % len(s) for d in dims]
+    static = [d for d in dims if all(_is_static(e) for _, e in s[d])]
+    out = rw.call(aten.flip.default, rw.env[x], static) if static else rw.env[x]
+    for d in dims:
+        if d in static:
+            continue
+        if not _single(s[d]):
+            raise Refused(f"{n.target}: along a dim with padding inside it")
+        (p, e), = s[d]
+        i = rw.call(aten.arange.default, p, dtype=torch.int64, device=rw.device)
+        last = rw.binary(aten.sub, rw.value(e), 1)
+        source = rw.call(aten.clamp_min.default, rw.binary(aten.sub, rw.call(aten.neg.default, i), rw.call(
+            aten.neg.default, last)), 0)
+        out = rw.call(aten.index_select.default, out, d, source)
+    return out, s
+
+
+def _tuple(*items: Any) -> tuple[Any, ...]:
+    return tuple(items)
+
+
+def _convolution(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    """A convolution over padded spatial dims reads zeros there, as its own zero padding
+    past the real end: the real outputs are a prefix."""
+    x = n.args[0]
+    s = rw.S(x)
+    if n.args[6]:  # transposed
+        if any(not all(_is_static(e) for _, e in dim) for dim in s[2:]):
+            raise Refused(f"{n.target}: a transposed convolution over a padded dim")
+    if not _single(s[0]) or any(not _single(dim) for dim in s[2:]):
+        raise Refused(f"{n.target}: over a dim with padding inside it")
+    xin = rw.masked(rw.env[x], s, range(2, len(s)), 0)
+    args = (xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    out = list(rw.meta_struct(n.meta["val"]))
+    out[0] = s[0]
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(out)
+
+
+def _convolution_backward(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
+    grad, x = n.args[0], n.args[1]
+    sg, sx = rw.S(grad), rw.S(x)
+    if n.args[7]:
+        raise Refused(f"{n.target}: a transposed convolution")
+    if any(not _single(dim) for dim in (*sg, *sx)):
+        raise Refused(f"{n.target}: over a dim with padding inside it")
+    g = rw.masked(rw.env[grad], sg, range(len(sg)), 0)
+    xin = rw.masked(rw.env[x], sx, range(len(sx)), 0)
+    args = (g, xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[2:]])
+    vals = n.meta["val"]
+    structs = [sx, *[rw.meta_struct(v) if isinstance(v, torch.Tensor) else None for v in vals[1:]]]
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), structs
+
+
 def _softmax(rw: _Rewriter, n: torch.fx.Node) -> tuple[Any, Any]:
     x, d = n.args[0], n.args[1]
     s = rw.S(x)
@@ -1015,6 +1120,11 @@ for _ops, _rule in [
     ((aten.gather,), _gather),
     ((aten.index_select,), _index_select),
     ((aten.index,), _index),
+    ((aten.sort, aten.topk, aten.argsort), _along_static_dim),
+    ((aten.flip,), _flip),
+    ((aten.var, aten.std, aten.var_mean), _variance),
+    ((aten.convolution,), _convolution),
+    ((aten.convolution_backward,), _convolution_backward),
     ((aten.native_dropout, aten.rand, aten.randn, aten.rand_like, aten.randn_like, aten.bernoulli), _random),
 ]:
     for _op in _ops:

@@ -105,7 +105,60 @@ def test_a_graph_without_a_padding_rule_gets_a_program_per_size_and_says_why():
         assert torch.equal(f(bounded(x.to(DEV), 0, 32)).cpu(), torch.sort(x, dim=0).values)
     s = stats()
     assert s["programs"] == 2, s
-    assert s["bounded"]["graphs"] == ["inference: a program per size (aten.sort.default has no padding rule)"], s
+    [note] = s["bounded"]["graphs"]
+    assert note.startswith("inference: a program per size (aten.sort.default: along a padded dimension at "
+                           "test_bounded_shapes.py:"), note
+
+
+def sequence_ops(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """x: [2, 4, n] (channels, then the varying length). A convolution along n (its zero
+    padding meets ours), statistics over n, a sort across channels of every position, a
+    concatenation and a constant pad along n, gathers by positions, the last element."""
+    conv = F.conv1d(torch.cos(x), w, padding=1)  # [2, 3, n]; cos: not 0 over the padding
+    var, mean = torch.var_mean(conv, dim=2)
+    top = torch.topk(x, 2, dim=1).values  # across channels: each position alone
+    joined = torch.cat([x, conv.sum(1, keepdim=True), x[:, :1]], dim=1)  # [2, 8, n]
+    doubled = torch.cat([x, 2 * x], dim=2)  # [2, 4, 2n]
+    padded = F.pad(x, (1, 2), value=-3.0)  # [2, 4, n + 3]
+    positions = torch.arange(x.shape[2], device=x.device)
+    picked = x[:, :, positions.flip(0)]  # reversed along n
+    return (conv, var, mean, x.std(2), top, joined.sum(2), doubled, padded.cumsum(2), picked[:, :, -1],
+            doubled[..., -1])
+
+
+def test_convolution_statistics_and_concatenation_along_the_range():
+    w = torch.randn(3, 4, 3)
+    per_size = torch.compile(lambda x, w: sequence_ops(x, w), backend="pjrt", dynamic=False)
+    one = torch.compile(sequence_ops, backend="pjrt")
+    for n in (9, 2, 30, 64):
+        x = torch.randn(2, 4, n)
+        exact = sequence_ops(x.double(), w.double())
+        assert_close_as_per_size(one(bounded(x.to(DEV), 2, 64, low=2), w.to(DEV)), per_size(x.to(DEV), w.to(DEV)),
+                                 exact, f"n={n}")
+    s = next(v for k, v in torch_pjrt.metrics()["compiled"].items() if k.startswith("sequence_ops"))
+    assert s["programs"] == 1 and [g.split(" for ")[0] for g in s["bounded"]["graphs"]] == \
+        ["inference: one program"], s
+
+
+def test_convolution_gradients_along_the_range():
+    def loss(x, w):
+        return (F.conv1d(x, w, padding=2, dilation=2).tanh() * torch.arange(x.shape[2], device=x.device) * 0.1).sum()
+
+    one = torch.compile(loss, backend="pjrt")
+    w = torch.randn(3, 4, 3, dtype=torch.float64)
+    for n in (5, 40, 17):
+        x = torch.randn(2, 4, n, dtype=torch.float64)
+        xd = bounded(x.float().to(DEV), 2, 48, low=2).requires_grad_()
+        wd = w.float().to(DEV).requires_grad_()
+        one(xd, wd).backward()
+        x64, w64 = x.clone().requires_grad_(), w.clone().requires_grad_()
+        loss(x64, w64).backward()
+        x32, w32 = x.float().requires_grad_(), w.float().requires_grad_()
+        loss(x32, w32).backward()
+        for got, exact, cpu in ((xd.grad, x64.grad, x32.grad), (wd.grad, w64.grad, w32.grad)):
+            assert_close_as_per_size([got], [cpu], [exact], f"n={n}")
+    s = stats()
+    assert s["programs"] == 2 and all(" one program for " in g for g in s["bounded"]["graphs"]), s
 
 
 def test_mark_bounded_marks_the_range_and_refuses_a_size_outside_it():
