@@ -237,6 +237,44 @@ def test_a_second_process_reads_compiled_graphs_from_aotautograds_cache(tmp_path
     assert again["hits"] == 0 and (again["loss"], again["grads"]) == (cold["loss"], cold["grads"]), again
 
 
+BOUNDED_CHILD = """
+import json, torch, torch_pjrt
+from torch._dynamo.utils import counters
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).to("pjrt")
+loss_fn = torch.compile(lambda x: model(x).softmax(1).amax(1).mean(), backend="pjrt")
+out = []
+for n in (5, 23):
+    x = torch.randn(2, n, 8).to("pjrt")
+    torch._dynamo.mark_dynamic(x, 1, min=2, max=32)
+    for p in model.parameters():
+        p.grad = None
+    loss = loss_fn(x)
+    loss.backward()
+    out.append([loss.item(), [p.grad.cpu().tolist() for p in model.parameters()]])
+[stats] = torch_pjrt.metrics()["compiled"].values()
+print(json.dumps({"out": out, "bounded": stats["bounded"]["graphs"], "programs": stats["programs"],
+                  "hits": counters["aot_autograd"]["autograd_cache_hit"]}))
+"""
+
+
+def test_a_bounded_graphs_plan_is_kept_in_aotautograds_cache(tmp_path):
+    # The padded graph and its plan (which inputs to pad, which outputs to cut; the forward
+    # handing its saved tensors over padded) come back from the cache as they were saved.
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path / "pjrt"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "ind"))
+    runs = []
+    for _ in range(2):
+        r = subprocess.run([PY, "-c", BOUNDED_CHILD], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["hits"] == 0 and warm["hits"] == 1, runs
+    for run in runs:
+        assert run["programs"] == 2 and [g.split(" for ")[0] for g in run["bounded"]] == \
+            ["forward: one program", "backward: one program"], run
+    assert warm["out"] == cold["out"]
+
+
 SHIPPED_CHILD = """
 import json, sys, torch, torch_pjrt
 from torch._dynamo.utils import counters
