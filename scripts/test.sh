@@ -88,7 +88,7 @@ done
 # Two more parts of the strict pass, balancing the jobs by the last run's times: after the
 # upstream slice in the first job, and after the fused pass.
 STRICT_FIRST="tests/python/test_stacks_lightning.py tests/python/test_stacks_peft_trl.py tests/python/test_qualify.py \
-tests/python/test_upstream_runner.py"
+tests/python/test_upstream_runner.py tests/python/test_bounded_shapes.py"
 STRICT_LAST="tests/python/test_stacks_ray.py tests/python/test_distributed_threads.py"
 IGNORE=""
 for f in $HEAVY $STRICT_FIRST $STRICT_LAST; do IGNORE="$IGNORE --ignore=$f"; done

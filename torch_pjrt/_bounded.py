@@ -123,6 +123,8 @@ class _Rewriter(Layout):
                 self.check(n)
             except Refused as e:
                 raise Refused(f"{e}{_where(n)}") from None
+            except Exception as e:  # noqa: BLE001 - a rule that cannot follow this node refuses, never crashes
+                raise Refused(f"{n.target}: its rule failed ({type(e).__name__}: {e}){_where(n)}") from None
         assert output is not None
         results = output.args[0]
         single = not isinstance(results, (tuple, list))
@@ -157,7 +159,7 @@ class _Rewriter(Layout):
             if isinstance(val, torch.Tensor):
                 exprs = [expr_of(d) for d in val.shape]
                 for d, e in enumerate(exprs):
-                    if isinstance(e, sympy.Symbol):
+                    if isinstance(e, sympy.Symbol) and i not in self.kept_padded:  # a padded input holds the bound
                         sources.setdefault(e, (i, d))
                 if any(not is_static(e) for e in exprs):
                     if any(u.target is aten.copy_.default and u.args[0] is n for u in n.users):

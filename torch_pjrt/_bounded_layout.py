@@ -48,7 +48,7 @@ def monotone(e: sympy.Expr) -> bool:
     if isinstance(e, sympy.Add):
         return all(monotone(a) for a in e.args)
     if isinstance(e, sympy.Mul):
-        return all((is_static(a) and a >= 0) or monotone(a) for a in e.args)
+        return all(a >= 0 if is_static(a) else monotone(a) for a in e.args)
     if isinstance(e, FloorDiv):
         return monotone(e.args[0]) and is_static(e.args[1]) and e.args[1] > 0
     if isinstance(e, (sympy.Max, sympy.Min)):

@@ -21,6 +21,19 @@ aten = torch.ops.aten
 Rule = Callable[[Layout, torch.fx.Node], tuple[Any, Any]]
 
 
+def symbolic(a: Any) -> bool:
+    """A size (SymInt) that varies: in the padded graph it holds its value at the bound."""
+    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), (torch.SymInt, torch.SymFloat)) and \
+        not is_static(expr_of(a.meta["val"]) if isinstance(a.meta["val"], torch.SymInt) else sympy.Symbol("f"))
+
+
+def refuse_offsets(n: torch.fx.Node, **offsets: Any) -> None:
+    """An offset, index or start that varies would be taken at the bound: refused."""
+    for name, a in offsets.items():
+        if symbolic(a):
+            raise Refused(f"{n.target}: a varying size as its {name}")
+
+
 def copied(rw: Layout, n: torch.fx.Node, struct: Any) -> tuple[Any, Any]:
     """The op as traced, its result laid out as `struct`."""
     return rw.graph.node_copy(n, lambda a: rw.env[a]), struct
@@ -35,6 +48,9 @@ def _prefix_wise(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     indices), so padding at the end of a dimension changes nothing real; padding inside a
     dimension (two atoms) would."""
     s = rw.S(n.args[0])
+    if not s:
+        return _same(rw, n)
+    refuse_offsets(n, diagonal=n.args[1] if len(n.args) > 1 else n.kwargs.get("diagonal"))
     dims = [n.args[1] % len(s)] if n.target.overloadpacket is aten.cumsum else [len(s) - 2, len(s) - 1]
     if any(not single(s[d]) for d in dims):
         raise Refused(f"{n.target}: along a dimension with padding inside it")
@@ -45,6 +61,8 @@ def _from_meta(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     """A factory (zeros, arange ...): its padded layout is its sizes at the bound, real data first."""
     val = n.meta["val"]
     if n.target.overloadpacket is aten.scalar_tensor and isinstance(n.args[0], torch.fx.Node):
+        if not isinstance(n.args[0].meta.get("val"), torch.SymInt):
+            raise Refused(f"{n.target}: of a varying float")
         e = expr_of(n.args[0].meta["val"])
         return rw.call(aten._to_copy.default, rw.value(e), dtype=val.dtype), ()
     for name in ("fill_value", "start", "step"):
@@ -57,6 +75,8 @@ def _from_meta(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
             raise Refused(f"{n.target}: a size as its value")
     if n.target.overloadpacket is aten.arange and n.target._overloadname not in ("default", "start"):
         raise Refused(f"{n.target} with a step")
+    if n.target.overloadpacket is aten.arange and n.target._overloadname == "start":
+        refuse_offsets(n, start=n.args[0])
     return copied(rw, n, rw.meta_struct(val))
 
 
@@ -103,7 +123,12 @@ def pointwise(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
             e = expr_of(a.meta["val"])
             if not is_static(e):
                 replaced.append(name)
-                return rw.value(e)
+                value = rw.value(e)
+                out_dtype = n.meta["val"].dtype
+                if not (out_dtype.is_floating_point or out_dtype.is_complex):
+                    # a Python int keeps an integer tensor's dtype; an int64 0-d tensor may not
+                    value = rw.call(aten._to_copy.default, value, dtype=out_dtype)
+                return value
         return torch.fx.node.map_arg(a, lambda x: _aligned(rw, x, struct) if x in tensors else rw.env[x])
 
     names = [a.name for a in op._schema.arguments]
@@ -192,45 +217,59 @@ def _expand(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
 
 
 
+def one_atom(rw: Layout, x: Any, s: Struct, d: int) -> tuple[Any, Struct]:
+    """(x, its layout) with dim d relaid out to one atom (its padding at its end), so that a
+    position along it is a real position."""
+    if single(s[d]):
+        return x, s
+    want = list(s)
+    want[d] = ((math.prod(p for p, _ in s[d]), sympy.Mul(*[e for _, e in s[d]])),)
+    return rw.relayout(x, s, tuple(want)), tuple(want)
+
+
 def _slice(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x, d = n.args[0], (n.args[1] if len(n.args) > 1 else 0)
     s = rw.S(x)
     d %= len(s)
     start = n.args[2] if len(n.args) > 2 else 0
     step = n.args[4] if len(n.args) > 4 else 1
-    dim = s[d]
+    refuse_offsets(n, start=start, step=step)
     out = list(s)
-    size = expr_of(n.meta["val"].shape[d])
-    if all(is_static(e) for _, e in dim):
-        out[d] = (rw.atom(size),)
+    out[d] = (rw.atom(expr_of(n.meta["val"].shape[d])),)
+    if all(is_static(e) for _, e in s[d]):
         return copied(rw, n, tuple(out))
-    if not single(dim) or step != 1 or not isinstance(start, int) or start < 0:
+    if step != 1 or start is None or start < 0:
         raise Refused(f"{n.target}: a slice of a padded dimension other than [start >= 0:end]")
-    out[d] = (rw.atom(size),)
-    return copied(rw, n, tuple(out))
+    xin, _ = one_atom(rw, rw.env[x], s, d)
+    args = (xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(out)
 
 
 def _select(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x, d, index = n.args
     s = rw.S(x)
     d %= len(s)
-    dim = s[d]
+    refuse_offsets(n, index=index)
     out = s[:d] + s[d + 1:]
-    if all(is_static(e) for _, e in dim) or (isinstance(index, int) and index >= 0):
+    if all(is_static(e) for _, e in s[d]):
         return copied(rw, n, out)
-    if not single(dim) or not isinstance(index, int):
-        raise Refused(f"{n.target}: a select from the end of a padded dimension")
-    position = rw.binary(aten.add, rw.value(dim[0][1]), index)
-    picked = rw.call(aten.index_select.default, rw.env[x], d, rw.call(aten.reshape.default, position, [1]))
+    xin, s = one_atom(rw, rw.env[x], s, d)
+    if index >= 0:
+        return rw.call(aten.select.int, xin, d, index), out
+    position = rw.binary(aten.add, rw.value(s[d][0][1]), index)
+    picked = rw.call(aten.index_select.default, xin, d, rw.call(aten.reshape.default, position, [1]))
     return rw.call(aten.squeeze.dim, picked, d), out
 
 
 def _select_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     grad, sizes, d, index = n.args
-    struct = rw.meta_struct(n.meta["val"])
-    d %= len(struct)
-    dim = struct[d]
-    if all(is_static(e) for _, e in dim) or index >= 0:
+    rank = n.meta["val"].dim()
+    d %= rank
+    refuse_offsets(n, index=index)
+    g = rw.S(grad)
+    dim = (rw.atom(expr_of(n.meta["val"].shape[d])),)
+    struct = (*g[:d], dim, *g[d:])  # the gradient's layout, the selected dim around it
+    if is_static(dim[0][1]) or index >= 0:
         return copied(rw, n, struct)
     position = rw.call(aten.reshape.default, rw.binary(aten.add, rw.value(dim[0][1]), index), [1])
     zeros = rw.call(aten.zeros.default, [rw.env[a] if isinstance(a, torch.fx.Node) else a for a in sizes],
@@ -241,11 +280,16 @@ def _select_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
 
 def _slice_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     grad, sizes, d, start, end, step = n.args
-    struct = rw.meta_struct(n.meta["val"])
-    d %= len(struct)
-    if not all(is_static(e) for _, e in struct[d]) and (step != 1 or not isinstance(start, int) or start < 0):
+    rank = n.meta["val"].dim()
+    d %= rank
+    refuse_offsets(n, start=start, step=step)
+    g, gs = one_atom(rw, rw.env[grad], rw.S(grad), d)  # placed at start..end: padded at its end
+    struct = list(gs)  # the gradient's layout, the sliced dim as its sizes say
+    struct[d] = (rw.atom(expr_of(n.meta["val"].shape[d])),)
+    if not is_static(struct[d][0][1]) and (step != 1 or start < 0):
         raise Refused(f"{n.target}: a slice of a padded dimension other than [start >= 0:end]")
-    return copied(rw, n, struct)
+    args = (g, *[torch.fx.node.map_arg(a, lambda x: rw.env[x]) for a in n.args[1:]])
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(struct)
 
 
 def _cat(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -293,24 +337,27 @@ def _pad(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     for k in range(len(pads) // 2):
         d = len(s) - 1 - k
         before, after = pads[2 * k], pads[2 * k + 1]
+        refuse_offsets(n, pad_before=before)  # a varying pad after is a varying end: the real part stays first
         size = expr_of(n.meta["val"].shape[d])
         if not all(is_static(e) for _, e in s[d]):
-            if not (isinstance(before, int) and isinstance(after, int)) or before < 0 or after < 0 \
-                    or not single(s[d]):
+            if before < 0 or (isinstance(after, int) and after < 0) or not single(s[d]):
                 raise Refused(f"{n.target}: cropping or padding inside a padded dim")
-            if after:
+            if symbolic(after) or after:
                 masked_dims.append(d)
         out[d] = (rw.atom(size),)
     dtype = x.meta["val"].dtype
     fill = value if dtype.is_floating_point or dtype.is_complex else (bool(value) if dtype is torch.bool
                                                                        else int(value))
     xin = rw.masked(rw.env[x], s, masked_dims, fill) if masked_dims else rw.env[x]
-    return rw.call(aten.constant_pad_nd.default, xin, list(pads), value), tuple(out)
+    return rw.call(aten.constant_pad_nd.default, xin, [rw.env[p] if isinstance(p, torch.fx.Node) else p
+                                                     for p in pads], value), tuple(out)
 
 
 def _split(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     s = rw.S(n.args[0])
     d = (n.args[2] if len(n.args) > 2 else n.kwargs.get("dim", 0)) % len(s)
+    sizes = n.args[1]
+    refuse_offsets(n, **{f"size {k}": a for k, a in enumerate(sizes if isinstance(sizes, (list, tuple)) else [sizes])})
     if not all(is_static(e) for _, e in s[d]):
         raise Refused(f"{n.target}: a split along a padded dimension")
     structs = []
@@ -336,20 +383,22 @@ def _reduce_dims(n: torch.fx.Node, rank: int) -> tuple[list[int], bool]:
     return sorted({d % rank for d in dims}) if rank else [], keepdim
 
 
+def _lowest(dt: torch.dtype) -> Any:
+    return False if dt is torch.bool else -math.inf if dt.is_floating_point else torch.iinfo(dt).min
+
+
+def _highest(dt: torch.dtype) -> Any:
+    return True if dt is torch.bool else math.inf if dt.is_floating_point else torch.iinfo(dt).max
+
+
 _IDENTITY: dict[Any, Callable[[torch.dtype], Any]] = {
-    aten.sum: lambda dt: 0,
-    aten.mean: lambda dt: 0,
-    aten.amax: lambda dt: -math.inf if dt.is_floating_point else torch.iinfo(dt).min,
-    aten.amin: lambda dt: math.inf if dt.is_floating_point else torch.iinfo(dt).max,
-    aten.max: lambda dt: -math.inf if dt.is_floating_point else torch.iinfo(dt).min,
-    aten.min: lambda dt: math.inf if dt.is_floating_point else torch.iinfo(dt).max,
-    aten.argmax: lambda dt: -math.inf if dt.is_floating_point else torch.iinfo(dt).min,
-    aten.argmin: lambda dt: math.inf if dt.is_floating_point else torch.iinfo(dt).max,
-    aten.logsumexp: lambda dt: -math.inf,
-    aten.any: lambda dt: False,
-    aten.all: lambda dt: True,
-    aten.prod: lambda dt: 1,
+    aten.sum: lambda dt: 0, aten.mean: lambda dt: 0, aten.prod: lambda dt: 1,
+    aten.amax: _lowest, aten.max: _lowest, aten.argmax: _lowest,
+    aten.amin: _highest, aten.min: _highest, aten.argmin: _highest,
+    aten.logsumexp: lambda dt: -math.inf, aten.any: lambda dt: False, aten.all: lambda dt: True,
 }
+_POSITIONS = (aten.argmax, aten.argmin, aten.max, aten.min)  # max.dim/min.dim give positions too
+_LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def _reduction(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -372,15 +421,25 @@ def _reduction(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         structs = [tuple(out)] * len(n.meta["val"])
     if not padded:
         return copied(rw, n, structs)
+    xin = rw.env[x]
+    if packet in _POSITIONS and not (packet in (aten.max, aten.min) and n.target._overloadname == "default"):
+        # a position along the reduced dim: right only where it is the dim's real position
+        if len(dims) != 1:
+            raise Refused(f"{n.target}: a position over several dims, one padded")
+        xin, s = one_atom(rw, xin, s, dims[0])
     dtype = x.meta["val"].dtype
-    masked = rw.masked(rw.env[x], s, padded, _IDENTITY[packet](dtype))
+    masked = rw.masked(xin, s, padded, _IDENTITY[packet](dtype))
     args = (masked, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
     kwargs = {k: rw.env[v] if isinstance(v, torch.fx.Node) else v for k, v in n.kwargs.items()}
     if packet is not aten.mean:
         return rw.graph.call_function(n.target, args, kwargs), structs
-    total = rw.call(aten.sum.dim_IntList, masked, dims, keepdim, dtype=kwargs.get("dtype"))
+    # the real sum over the real count, summed in float32 for half types (as eager's mean)
+    out_dtype = kwargs.get("dtype") or n.meta["val"].dtype
+    wide = torch.float32 if out_dtype in _LOW_PRECISION else out_dtype
+    total = rw.call(aten.sum.dim_IntList, masked, dims, keepdim, dtype=wide)
     count = sympy.Mul(*[e for d in dims for _, e in s[d]])
-    return rw.binary(aten.div, total, rw.value(count)), structs
+    mean = rw.binary(aten.div, total, rw.value(count))
+    return (rw.call(aten._to_copy.default, mean, dtype=out_dtype) if wide != out_dtype else mean), structs
 
 
 def _along_static_dim(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -404,7 +463,7 @@ def _variance(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x = n.args[0]
     s = rw.S(x)
     dims_arg = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
-    dims = list(range(len(s))) if dims_arg in (None, []) else sorted({d % len(s) for d in dims_arg})
+    dims = list(range(len(s))) if dims_arg is None or len(dims_arg) == 0 else sorted({d % len(s) for d in dims_arg})
     keepdim = bool(n.kwargs.get("keepdim", False))
     out = tuple(((1, sympy.Integer(1)),) if k in dims else s[k] for k in range(len(s)) if keepdim or k not in dims)
     packet = n.target.overloadpacket
@@ -417,17 +476,23 @@ def _variance(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     correction = n.kwargs.get("correction", 1)
     correction = 1 if correction is None else correction
     count = rw.value(sympy.Mul(*[e for d in dims for _, e in s[d]]))
-    xs = rw.masked(rw.env[x], s, padded, 0)
+    dtype = x.meta["val"].dtype
+    xin = rw.env[x]
+    if dtype in _LOW_PRECISION:  # in float32, as eager's kernels accumulate
+        xin = rw.call(aten._to_copy.default, xin, dtype=torch.float32)
+    xs = rw.masked(xin, s, padded, 0)
     mean = rw.binary(aten.div, rw.call(aten.sum.dim_IntList, xs, dims, True), count)
-    deviation = rw.masked(rw.call(aten.sub.Tensor, rw.env[x], mean), s, padded, 0)
+    deviation = rw.masked(rw.call(aten.sub.Tensor, xin, mean), s, padded, 0)
     squares = rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, deviation, deviation), dims, keepdim)
     var = rw.binary(aten.div, squares, rw.binary(aten.sub, count, correction))
     if packet is aten.std:
-        return rw.call(aten.sqrt.default, var), structs
+        var = rw.call(aten.sqrt.default, var)
+    results = [var]
     if packet is aten.var_mean:
-        m = mean if keepdim else rw.call(aten.squeeze.dims, mean, dims)
-        return rw.call(_tuple, var, m), structs
-    return var, structs
+        results.append(mean if keepdim else rw.call(aten.squeeze.dims, mean, dims))
+    if dtype in _LOW_PRECISION:
+        results = [rw.call(aten._to_copy.default, r, dtype=dtype) for r in results]
+    return (rw.call(_tuple, *results) if packet is aten.var_mean else results[0]), structs
 
 
 def _flip(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -466,6 +531,8 @@ def _convolution(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
             raise Refused(f"{n.target}: a transposed convolution over a padded dim")
     if not single(s[0]) or any(not single(dim) for dim in s[2:]):
         raise Refused(f"{n.target}: over a dim with padding inside it")
+    if not all(is_static(e) for _, e in s[1]) or rw.has_padding(rw.S(n.args[1])):
+        raise Refused(f"{n.target}: padded channels or weights")
     xin = rw.masked(rw.env[x], s, range(2, len(s)), 0)
     args = (xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
     out = list(rw.meta_struct(n.meta["val"]))
@@ -480,6 +547,8 @@ def _convolution_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         raise Refused(f"{n.target}: a transposed convolution")
     if any(not single(dim) for dim in (*sg, *sx)):
         raise Refused(f"{n.target}: over a dim with padding inside it")
+    if not all(is_static(e) for _, e in sx[1]) or rw.has_padding(rw.S(n.args[2])):
+        raise Refused(f"{n.target}: padded channels or weights")
     g = rw.masked(rw.env[grad], sg, range(len(sg)), 0)
     xin = rw.masked(rw.env[x], sx, range(len(sx)), 0)
     args = (g, xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[2:]])
@@ -499,7 +568,9 @@ def _softmax_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     grad, out, d = n.args[0], n.args[1], n.args[2]
     s = rw.S(grad)
     g = rw.masked(rw.env[grad], s, [d], 0)
-    o = rw.masked(rw.env[out], s, [d], 0) if n.target.overloadpacket is aten._softmax_backward_data else rw.env[out]
+    o = _aligned(rw, out, s)  # paired elementwise with the gradient: one layout
+    if n.target.overloadpacket is aten._softmax_backward_data:
+        o = rw.masked(o, s, [d], 0)
     return rw.graph.call_function(n.target, (g, o, *n.args[2:]), dict(n.kwargs)), s
 
 
@@ -551,14 +622,23 @@ def _layer_norm_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     lead = len(s) - len(shape)
     if any(not all(is_static(e) for _, e in dim) for dim in s[lead:]):
         raise Refused(f"{n.target}: normalized over a padded dimension")
-    g = rw.masked(rw.env[grad], s, range(lead), 0)
-    args = (g, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    rows = range(lead)
+    # the weight's and bias's gradients sum over rows: padding rows give 0, even where their
+    # statistics are not finite
+    g = rw.masked(_aligned(rw, grad, s), s, rows, 0)
+    xin = rw.masked(rw.env[x], s, rows, 0)
+    stat = (*s[:lead], *[((1, sympy.Integer(1)),)] * len(shape))
+    mean = rw.masked(_aligned(rw, n.args[3], stat), stat, rows, 0)
+    rstd = rw.masked(_aligned(rw, n.args[4], stat), stat, rows, 1)
+    args = (g, xin, shape, mean, rstd, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[5:]])
     params = [rw.meta_struct(v) if isinstance(v, torch.Tensor) else None for v in n.meta["val"]]
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), [s, *params[1:]]
 
 
 def _embedding(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     weight, indices = n.args[:2]
+    if not all(is_static(e) for _, e in rw.S(weight)[0]):
+        raise Refused(f"{n.target}: a padded number of rows")
     args = (rw.env[weight], _in_range(rw, indices), *n.args[2:])
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), (*rw.S(indices), *rw.S(weight)[1:])
 
@@ -566,8 +646,9 @@ def _embedding(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
 def _embedding_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     grad, indices = n.args[:2]
     si = rw.S(indices)
-    g = rw.masked(rw.env[grad], rw.S(grad), range(len(si)), 0)
-    args = (g, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    want = (*si, *rw.S(grad)[len(si):])  # each index's gradient row where the index is
+    g = rw.masked(_aligned(rw, grad, want), want, range(len(si)), 0)
+    args = (g, _in_range(rw, indices), *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[2:]])
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), rw.meta_struct(n.meta["val"])
 
 
@@ -576,11 +657,15 @@ def _nll_loss(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     names = ["grad_output", "self", "target", "weight", "reduction", "ignore_index", "total_weight"] if backward \
         else ["self", "target", "weight", "reduction", "ignore_index"]
     bound = dict(zip(names, n.args)) | dict(n.kwargs)
-    target = bound["target"]
-    st = rw.S(target)
-    new_target = rw.masked(rw.env[target], st, range(len(st)), bound["ignore_index"])
-    args = [new_target if name == "target" else (rw.env[bound[name]] if isinstance(bound[name], torch.fx.Node)
-                                                  else bound[name]) for name in names]
+    target, scores = bound["target"], bound["self"]
+    ss = rw.S(scores)
+    st = ss[:len(rw.S(target))]  # the target's rows as the scores have them
+    env = {name: rw.env[v] if isinstance(v, torch.fx.Node) else v for name, v in bound.items()}
+    env["target"] = rw.masked(_aligned(rw, target, st), st, range(len(st)), bound["ignore_index"])
+    env["self"] = rw.masked(env["self"], ss, range(len(st)), 0)  # ignored rows: 0, not what padding held
+    if backward and len(rw.S(bound["grad_output"])):
+        env["grad_output"] = _aligned(rw, bound["grad_output"], st)
+    args = [env[name] for name in names]
     if backward:
         struct: Any = rw.S(bound["self"])
     elif bound["reduction"] == 0:
@@ -599,16 +684,27 @@ def _in_range(rw: Layout, index: torch.fx.Node) -> torch.fx.Node:
 
 def _gather(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x, d, index = n.args[:3]
-    args = (rw.env[x], d, _in_range(rw, index), *n.args[3:])
-    return rw.graph.call_function(n.target, args, dict(n.kwargs)), rw.S(index)
+    si = rw.S(index)
+    d %= max(len(si), 1)
+    xin, sx = one_atom(rw, rw.env[x], rw.S(x), d) if si else (rw.env[x], rw.S(x))
+    want = tuple(sx[k] if k == d else si[k] for k in range(len(si)))
+    if want != sx:  # index position (i, j) reads x at (i, j) off the gathered dim: one layout
+        xin = rw.relayout(xin, sx, want) if all(
+            sympy.simplify(sympy.Mul(*[e for _, e in a]) - sympy.Mul(*[e for _, e in b])) == 0
+            for a, b in zip(sx, want)) else None
+        if xin is None:
+            raise Refused(f"{n.target}: an index smaller than its source off the gathered dim")
+    args = (xin, d, _in_range(rw, index), *n.args[3:])
+    return rw.graph.call_function(n.target, args, dict(n.kwargs)), si
 
 
 def _index_select(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x, d, index = n.args
-    s = list(rw.S(x))
-    d %= len(s)
-    s[d] = rw.S(index)[0] if rw.S(index) else ((1, sympy.Integer(1)),)
-    return rw.call(aten.index_select.default, rw.env[x], d, _in_range(rw, index)), tuple(s)
+    d %= len(rw.S(x))
+    xin, s = one_atom(rw, rw.env[x], rw.S(x), d)
+    out = list(s)
+    out[d] = rw.S(index)[0] if rw.S(index) else ((1, sympy.Integer(1)),)
+    return rw.call(aten.index_select.default, xin, d, _in_range(rw, index)), tuple(out)
 
 
 def _index(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -631,8 +727,11 @@ def _index(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
                 chosen = si[jj]
                 break
         layout.append(chosen if chosen is not None else (rw.atom(expr_of(shape[j])),))
+    xin = rw.env[x]
+    for k in used:  # an index value is a real position: each indexed dim padded at its end
+        xin, sx = one_atom(rw, xin, sx, k)
     new_indices = []
-    for i in indices:
+    for k, i in enumerate(indices):
         if i is None:
             new_indices.append(None)
             continue
@@ -640,14 +739,19 @@ def _index(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         want = tuple(layout[j + rank - len(si)] if not all(is_static(e) for _, e in si[j]) else si[j]
                      for j in range(len(si)))
         moved = rw.relayout(rw.env[i], si, want) if want != si else rw.env[i]
-        new_indices.append(rw.masked(moved, want, range(len(want)), 0))
+        moved = rw.masked(moved, want, range(len(want)), 0)
+        real = sx[k][0][1]
+        if not is_static(real):  # from the end: of the real size, not the padded one
+            moved = rw.call(aten.where.self, rw.binary(aten.lt, moved, 0), rw.binary(aten.add, moved, rw.value(real)),
+                            moved)
+        new_indices.append(moved)
     adjacent = used == list(range(used[0], used[-1] + 1))
     rest = [sx[k] for k in range(len(sx)) if k not in used]
     if adjacent:
         out = (*sx[:used[0]], *layout, *sx[used[-1] + 1:])
     else:
         out = (*layout, *rest)
-    return rw.call(aten.index.Tensor, rw.env[x], new_indices), tuple(out)
+    return rw.call(aten.index.Tensor, xin, new_indices), tuple(out)
 
 
 def _random(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:

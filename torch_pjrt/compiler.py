@@ -32,10 +32,17 @@ def _dims(t: Any) -> tuple[Any, ...]:
 
 
 
-# The last bounded forward graph compiled in this context: its backward, compiled next,
-# takes the padded tensors it saves as they are.
-_last_forward: contextvars.ContextVar[tuple[Any, Any] | None] = contextvars.ContextVar(
+# The last bounded forward graph compiled in this context (its plan, padded outputs and
+# ShapeEnv): its backward, compiled next from the same trace, takes the padded tensors it
+# saves as they are.
+_last_forward: contextvars.ContextVar[tuple[Any, Any, Any] | None] = contextvars.ContextVar(
     "torch_pjrt_bounded_forward", default=None)
+
+
+def _shape_env(example_inputs: list[Any]) -> Any:
+    from torch._guards import detect_fake_mode
+
+    return getattr(detect_fake_mode(example_inputs), "shape_env", None)
 
 
 def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
@@ -47,6 +54,10 @@ def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
 
     def compile_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         forward = _last_forward.get() if kind == "backward" else None
+        if forward is not None:  # used once, and only by the backward of the same trace (its shapes)
+            _last_forward.set(None)
+            if forward[2] is not _shape_env(example_inputs):
+                forward = None
         planned = _bounded.plan(gm, example_inputs, forward[1] if forward else None)
         note = ""
         if isinstance(planned, _bounded.Planned):
@@ -59,8 +70,8 @@ def _graph_compiler(kind: str, stats: FunctionStats) -> Any:
                 note = f"{kind}: a program per size ({planned})"
             graph = PjrtGraph(gm, kind, stats)
         if kind == "forward":  # a backward pairs with the forward compiled just before it
-            _last_forward.set((planned.plan, planned.outputs_by_name) if isinstance(planned, _bounded.Planned)
-                              else None)
+            _last_forward.set((planned.plan, planned.outputs_by_name, _shape_env(example_inputs))
+                              if isinstance(planned, _bounded.Planned) else None)
         if note:
             stats.bounded.append(note)
         code = PjrtOutputCode(graph, kind, bounded_note=note)
@@ -104,12 +115,15 @@ def pjrt_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], **options:
 
     user_tag = torch.compiler.config.cache_key_tag
     cacheable = {**inductor_config.unsafe_marked_cacheable_functions, **CACHEABLE_FUNCTIONS}
+    bounds = _bounded.bounds_of(example_inputs)  # a plan depends on them: part of the cache key
+    bound_tag = "|bounds=" + ",".join(f"{s}:{lo}:{hi}" for s, (lo, hi) in sorted(bounds.items(), key=str)) \
+        if bounds else ""
     token = compiling.set(stats)
     try:
         # AOTAutograd's cache holds our graphs only "bundled" (the compiled object itself);
         # the backward is saved at once, not at its first call outside this patch.
         with functorch_config.patch(bundled_autograd_cache=True, force_non_lazy_backward_lowering=True), \
-                torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{_cache_tag()}"), \
+                torch.compiler.config.patch(cache_key_tag=f"{user_tag}|{_cache_tag()}{bound_tag}"), \
                 inductor_config.patch(unsafe_marked_cacheable_functions=cacheable):
             return backend(gm, example_inputs)
     finally:
