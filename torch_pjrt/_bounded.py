@@ -318,6 +318,12 @@ class BoundedGraph:
         self.plan = plan
         self.stats = stats
         self.compiled = _Compiled(plan)
+        # what each int and padded input becomes: the same at every call
+        bound = [hi for _, _, hi in plan.symbols]
+        self.at_bound: dict[int, Any] = {
+            i: (self.compiled.value(exprs[0], bound) if kind == "int" else
+                [self.compiled.value(e, bound) for e in exprs] if kind == "tensor" else [int(e) for e in exprs])
+            for i, (kind, exprs) in enumerate(plan.inputs) if kind != "keep"}
 
     @property
     def gm(self) -> torch.fx.GraphModule:
@@ -340,22 +346,21 @@ class BoundedGraph:
         else:
             inputs = list(call_args)
         values = self._values(inputs)
-        bound = [hi for _, _, hi in self.plan.symbols]
         c = self.compiled
         device = None
         real = padded = 0
-        for i, (kind, exprs) in enumerate(self.plan.inputs):
+        for i, (kind, _) in enumerate(self.plan.inputs):
             x = inputs[i]
             if kind == "int":
-                inputs[i] = c.value(exprs[0], bound)
+                inputs[i] = self.at_bound[i]
             elif kind == "padded" and isinstance(x, torch.Tensor):
-                target = [int(e) for e in exprs]
+                target = self.at_bound[i]
                 if list(x.shape) != target:
                     raise RuntimeError(f"torch_pjrt: input {i} of a bounded graph is {list(x.shape)}, its forward "
                                        f"gave it padded to {target}")
             elif kind == "tensor" and isinstance(x, torch.Tensor):
                 device = x.device
-                target = [c.value(e, bound) for e in exprs]
+                target = self.at_bound[i]
                 real += x.numel()
                 padded += math.prod(target)
                 if list(x.shape) != target:
