@@ -101,6 +101,7 @@ def test_concurrent_processes_share_a_cache_dir(tmp_path):
 
 FLEET_CHILD = """
 import json, os, sys, time, torch, torch_pjrt
+open(f"{sys.argv[1]}.ready.{os.getpid()}", "w").close()
 while not os.path.exists(sys.argv[1]):  # start together: every process misses at once
     time.sleep(0.005)
 torch.manual_seed(0)
@@ -122,7 +123,13 @@ def _fleet(cache: str, start_file: str, n: int) -> list[dict]:
     if not os.path.exists(start_file):
         import time
 
-        time.sleep(3)  # all of them imported and waiting
+        # All of them imported and waiting (a fixed sleep was not enough on a loaded machine:
+        # one process compiled every program before the others arrived, and none waited).
+        deadline = time.monotonic() + 300
+        while len(glob.glob(glob.escape(start_file) + ".ready.*")) < n:
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), \
+                [p.communicate()[1][-800:] for p in procs if p.poll() is not None]
+            time.sleep(0.01)
         open(start_file, "w").close()
     outs = [p.communicate(timeout=600) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-800:] for o in outs]
