@@ -33,6 +33,7 @@ import torch.fx
 
 from ._bounded_layout import Layout, Refused, Struct, expr_of, is_static, python_text
 from ._bounded_rules import RULES, pointwise
+from ._graph import unboxed
 
 aten = torch.ops.aten
 
@@ -340,11 +341,7 @@ class BoundedGraph:
         return values
 
     def __call__(self, *call_args: Any) -> Any:
-        if len(call_args) == 1 and isinstance(call_args[0], list):
-            inputs = list(call_args[0])
-            call_args[0].clear()
-        else:
-            inputs = list(call_args)
+        inputs = unboxed(call_args)
         values = self._values(inputs)
         c = self.compiled
         device = None

@@ -83,9 +83,14 @@ def _from_meta(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
 def _broadcast(rw: Layout, n: torch.fx.Node, tensors: Sequence[Any]) -> Struct:
     """The result's layout: each dim as the first operand padded there has it (an operand
     laid out otherwise is relaid out: _aligned)."""
-    rank = n.meta["val"].dim()
+    return _broadcast_layout(rw, n.meta["val"].shape, tensors)
+
+
+def _broadcast_layout(rw: Layout, shape: Sequence[Any], tensors: Sequence[Any]) -> Struct:
+    """The layout of `shape`, the broadcast of `tensors`: each dim as the first of them
+    padded there has it, a new atom where none is."""
+    rank = len(shape)
     out: list[Dim] = []
-    meta = n.meta["val"].shape
     for k in range(rank):
         chosen: Dim | None = None
         for t in tensors:
@@ -94,20 +99,23 @@ def _broadcast(rw: Layout, n: torch.fx.Node, tensors: Sequence[Any]) -> Struct:
             if j >= 0 and not all(is_static(e) for _, e in s[j]):
                 chosen = s[j]
                 break
-        out.append(chosen if chosen is not None else (rw.atom(expr_of(meta[k])),))
+        out.append(chosen if chosen is not None else (rw.atom(expr_of(shape[k])),))
     return tuple(out)
+
+
+def _aligned_struct(s: Struct, struct: Struct) -> Struct:
+    """An operand's layout `s` with each of its padded dims as `struct` (the broadcast
+    result's layout, aligned at the right) has it."""
+    rank = len(struct)
+    return tuple(struct[j + rank - len(s)] if not all(is_static(e) for _, e in dim) else dim
+                 for j, dim in enumerate(s))
 
 
 def _aligned(rw: Layout, a: torch.fx.Node, struct: Struct) -> torch.fx.Node:
     """Operand `a` (new graph) laid out as `struct` where it has the same dims padded."""
     s = rw.S(a)
-    rank = len(struct)
-    want = list(s)
-    for j, dim in enumerate(s):
-        k = j + rank - len(s)
-        if not all(is_static(e) for _, e in dim) and dim != struct[k]:
-            want[j] = struct[k]
-    return rw.relayout(rw.env[a], s, tuple(want)) if tuple(want) != s else rw.env[a]
+    want = _aligned_struct(s, struct)
+    return rw.relayout(rw.env[a], s, want) if want != s else rw.env[a]
 
 
 def pointwise(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -401,6 +409,19 @@ _POSITIONS = (aten.argmax, aten.argmin, aten.max, aten.min)  # max.dim/min.dim g
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
+def _real_count(s: Struct, dims: Sequence[int]) -> Any:
+    """The number of real elements over `dims` of layout `s` (a sympy expression)."""
+    return sympy.Mul(*[e for d in dims for _, e in s[d]])
+
+
+def _real_mean(rw: Layout, masked: torch.fx.Node, dims: Sequence[int], keepdim: bool, count: Any,
+               dtype: torch.dtype | None = None) -> torch.fx.Node:
+    """The mean over `dims` of a tensor whose padding there holds 0: its sum (in `dtype`)
+    over the real count (`count`: rw.value of _real_count)."""
+    total = rw.call(aten.sum.dim_IntList, masked, dims, keepdim, **({"dtype": dtype} if dtype else {}))
+    return rw.binary(aten.div, total, count)
+
+
 def _reduction(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     x = n.args[0]
     s = rw.S(x)
@@ -436,9 +457,7 @@ def _reduction(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     # the real sum over the real count, summed in float32 for half types (as eager's mean)
     out_dtype = kwargs.get("dtype") or n.meta["val"].dtype
     wide = torch.float32 if out_dtype in _LOW_PRECISION else out_dtype
-    total = rw.call(aten.sum.dim_IntList, masked, dims, keepdim, dtype=wide)
-    count = sympy.Mul(*[e for d in dims for _, e in s[d]])
-    mean = rw.binary(aten.div, total, rw.value(count))
+    mean = _real_mean(rw, masked, dims, keepdim, rw.value(_real_count(s, dims)), dtype=wide)
     return (rw.call(aten._to_copy.default, mean, dtype=out_dtype) if wide != out_dtype else mean), structs
 
 
@@ -475,13 +494,13 @@ def _variance(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         raise Refused(f"{n.target} has no padding rule")
     correction = n.kwargs.get("correction", 1)
     correction = 1 if correction is None else correction
-    count = rw.value(sympy.Mul(*[e for d in dims for _, e in s[d]]))
+    count = rw.value(_real_count(s, dims))
     dtype = x.meta["val"].dtype
     xin = rw.env[x]
     if dtype in _LOW_PRECISION:  # in float32, as eager's kernels accumulate
         xin = rw.call(aten._to_copy.default, xin, dtype=torch.float32)
     xs = rw.masked(xin, s, padded, 0)
-    mean = rw.binary(aten.div, rw.call(aten.sum.dim_IntList, xs, dims, True), count)
+    mean = _real_mean(rw, xs, dims, True, count)
     deviation = rw.masked(rw.call(aten.sub.Tensor, xin, mean), s, padded, 0)
     squares = rw.call(aten.sum.dim_IntList, rw.call(aten.mul.Tensor, deviation, deviation), dims, keepdim)
     var = rw.binary(aten.div, squares, rw.binary(aten.sub, count, correction))
@@ -715,18 +734,8 @@ def _index(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     used = [k for k, i in enumerate(indices) if i is not None]
     if any(indices[k].meta["val"].dtype in (torch.bool, torch.uint8) for k in used):
         raise Refused(f"{n.target}: a boolean mask as an index")
-    rank = max(indices[k].meta["val"].dim() for k in used)
-    shape = torch.broadcast_shapes(*[indices[k].meta["val"].shape for k in used])
-    layout: list[Dim] = []
-    for j in range(rank):
-        chosen = None
-        for k in used:
-            si = rw.S(indices[k])
-            jj = j - (rank - len(si))
-            if jj >= 0 and not all(is_static(e) for _, e in si[jj]):
-                chosen = si[jj]
-                break
-        layout.append(chosen if chosen is not None else (rw.atom(expr_of(shape[j])),))
+    layout = _broadcast_layout(rw, torch.broadcast_shapes(*[indices[k].meta["val"].shape for k in used]),
+                               [indices[k] for k in used])
     xin = rw.env[x]
     for k in used:  # an index value is a real position: each indexed dim padded at its end
         xin, sx = one_atom(rw, xin, sx, k)
@@ -735,11 +744,8 @@ def _index(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         if i is None:
             new_indices.append(None)
             continue
-        si = rw.S(i)
-        want = tuple(layout[j + rank - len(si)] if not all(is_static(e) for _, e in si[j]) else si[j]
-                     for j in range(len(si)))
-        moved = rw.relayout(rw.env[i], si, want) if want != si else rw.env[i]
-        moved = rw.masked(moved, want, range(len(want)), 0)
+        want = _aligned_struct(rw.S(i), layout)
+        moved = rw.masked(_aligned(rw, i, layout), want, range(len(want)), 0)
         real = sx[k][0][1]
         if not is_static(real):  # from the end: of the real size, not the padded one
             moved = rw.call(aten.where.self, rw.binary(aten.lt, moved, 0), rw.binary(aten.add, moved, rw.value(real)),

@@ -59,6 +59,16 @@ def _views_as_reshapes(gm: torch.fx.GraphModule) -> torch.fx.GraphModule:
     return gm
 
 
+def unboxed(call_args: tuple[Any, ...]) -> list[Any]:
+    """A compiled graph's arguments as a list: AOTAutograd's boxed call passes one list,
+    which is emptied so that the caller's references go and inputs can be freed early."""
+    if len(call_args) == 1 and isinstance(call_args[0], list):
+        inputs = list(call_args[0])
+        call_args[0].clear()
+        return inputs
+    return list(call_args)
+
+
 class PjrtGraph:
     """One AOTAutograd graph: a program per input layout, captured at its first call."""
 
@@ -96,11 +106,7 @@ class PjrtGraph:
         return (layout, *(id(inputs[i]) for i in self.carried))
 
     def __call__(self, *call_args: Any) -> Any:
-        if len(call_args) == 1 and isinstance(call_args[0], list):
-            inputs = list(call_args[0])
-            call_args[0].clear()  # boxed: the caller's references go, inputs can be freed early
-        else:
-            inputs = list(call_args)
+        inputs = unboxed(call_args)
         # The hot path: dense pjrt tensors of one device (and a dynamic graph's
         # sizes), a layout seen before.
         key = self._key(inputs)  # 0: not replayable as they are

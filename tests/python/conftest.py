@@ -30,6 +30,23 @@ def dev() -> torch.device:
     return DEV
 
 
+@pytest.fixture
+def fresh_dynamo():
+    """A test of compiled code: Dynamo's caches and pjrt's metrics start empty, and the
+    test's compiled functions are forgotten after it."""
+    torch._dynamo.reset()
+    torch_pjrt.reset_metrics()
+    yield
+    torch._dynamo.reset()
+
+
+def compiled_stats() -> dict:
+    """The statistics of the one function compiled since the metrics were reset."""
+    compiled = torch_pjrt.metrics()["compiled"]
+    assert len(compiled) == 1, compiled
+    return next(iter(compiled.values()))
+
+
 @pytest.fixture(autouse=True)
 def _reset_modes():
     yield

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import trajectory
+from conftest import compiled_stats
 from torch.fx.experimental import _config as fx_config
 
 import torch_pjrt
@@ -24,19 +25,12 @@ EPS = torch.finfo(torch.float32).eps
 
 
 @pytest.fixture(autouse=True)
-def _fresh():
-    torch._dynamo.reset()
-    torch_pjrt.reset_metrics()
+def _sizes_from_one(fresh_dynamo):
     # Dynamo specializes sizes 0 and 1 unless told not to; with it, a range can start at 1.
     with fx_config.patch(backed_size_oblivious=True):
         yield
-    torch._dynamo.reset()
 
 
-def stats() -> dict:
-    compiled = torch_pjrt.metrics()["compiled"]
-    assert len(compiled) == 1, compiled
-    return next(iter(compiled.values()))
 
 
 def bounded(x: torch.Tensor, dim: int, high: int, low: int = 1) -> torch.Tensor:
@@ -104,7 +98,7 @@ def test_a_graph_without_a_padding_rule_gets_a_program_per_size_and_says_why():
     for n in (3, 7):
         x = torch.randn(n, 2)
         assert torch.equal(f(bounded(x.to(DEV), 0, 32)).cpu(), torch.sort(x, dim=0).values)
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 2, s
     [note] = s["bounded"]["graphs"]
     assert note.startswith("inference: a program per size (aten.sort.default: along a padded dimension at "
@@ -158,7 +152,7 @@ def test_convolution_gradients_along_the_range():
         loss(x32, w32).backward()
         for got, exact, cpu in ((xd.grad, x64.grad, x32.grad), (wd.grad, w64.grad, w32.grad)):
             assert_close_as_per_size([got], [cpu], [exact], f"n={n}")
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 2 and all(" one program for " in g for g in s["bounded"]["graphs"]), s
 
 
@@ -168,7 +162,7 @@ def test_mark_bounded_marks_the_range_and_refuses_a_size_outside_it():
         x = torch.randn(2, n)
         out = f(torch_pjrt.shapes.mark_bounded(x.to(DEV), 1, 32, low=1))
         assert torch.allclose(out.cpu(), (x * x).sum(1), rtol=1e-6, atol=1e-6)
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 1 and s["dynamo_graphs"] == 1, s
     with pytest.raises(ValueError, match=r"mark_bounded: size 40 of dim 1 is outside \[1, 32\]"):
         torch_pjrt.shapes.mark_bounded(torch.zeros(2, 40), 1, 32, low=1)
@@ -222,7 +216,7 @@ def test_training_with_a_varying_sequence_length_is_one_forward_and_one_backward
             torch._dynamo.mark_dynamic(t, 1, min=2, max=64)
 
     trajectory.assert_trains_like_float64(prob, compiled=True, mark=mark)
-    s = stats()
+    s = compiled_stats()
     assert s["dynamo_graphs"] == 1 and s["programs"] == 2, s  # one forward, one backward, every length
     assert [g.split(":")[0] for g in s["bounded"]["graphs"]] == ["forward", "backward"], s
     assert all("one program for" in g for g in s["bounded"]["graphs"]), s
@@ -271,7 +265,7 @@ def test_dropout_draws_over_the_padded_shape_and_says_so():
         kept = out != 0  # each element dropped, or kept and scaled by 1 / (1 - p)
         assert out.shape == x.shape and 0 < kept.sum() < out.numel()
         assert torch.allclose(out[kept], 2 * x.exp()[kept], rtol=1e-6)
-    [note] = stats()["bounded"]["graphs"]
+    [note] = compiled_stats()["bounded"]["graphs"]
     assert note.startswith("inference: one program for ") and "native_dropout draw over the padded shape" in note, \
         note
 
@@ -332,5 +326,5 @@ def test_gradients_through_padding_inside_dims_and_non_finite_padding():
         dev = [p.to(DEV).requires_grad_() for p in params]
         one(bounded(ids.to(DEV), 1, 32, low=2), bounded(x.to(DEV), 1, 32, low=2), *dev).backward()
         assert_close_as_per_size([p.grad for p in dev], [p.grad for p in cpu], [p.grad for p in exact], f"n={n}")
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 2 and all(" one program for " in g for g in s["bounded"]["graphs"]), s

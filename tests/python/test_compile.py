@@ -13,24 +13,12 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, compiled_stats
 
 import torch_pjrt
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_pjrt.reset_metrics()
-    yield
-    torch._dynamo.reset()
-
-
-def stats() -> dict:
-    """The one compiled function's statistics."""
-    compiled = torch_pjrt.metrics()["compiled"]
-    assert len(compiled) == 1, compiled
-    return next(iter(compiled.values()))
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def metric(name: str) -> int:
@@ -78,7 +66,7 @@ def test_training_step_is_one_program_per_graph_and_replays_without_dispatch(dev
             assert_close(p.grad, q.grad)
     assert metric("ops_recorded") == recorded  # no ATen op was recorded, one by one, in the replay
     assert metric("compiled_runs") == runs + 2  # forward + backward
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 2 and s["eager_graphs"] == [] and s["recompiles"] == 0, s
 
 
@@ -103,7 +91,7 @@ def test_input_mutation_reaches_every_view_of_the_storage(dev):
         fc(big[2:4], ones[:2])
         f(ref[2:4], torch.ones(2, 4))
     assert_close(big, ref)
-    assert stats()["eager_graphs"] == []
+    assert compiled_stats()["eager_graphs"] == []
 
 
 def test_outputs_that_alias_inputs_are_views_of_them(dev):
@@ -158,7 +146,7 @@ def test_no_grad_and_inference_mode(dev, context):
         assert not out.requires_grad
         with torch.no_grad():
             assert_close(out, ref(x))
-    assert stats()["programs"] == 1
+    assert compiled_stats()["programs"] == 1
 
 
 def test_batchnorm_running_statistics_in_train_and_eval(dev):
@@ -204,7 +192,7 @@ def test_random_ops_draw_from_the_pjrt_generator(dev):
     torch.manual_seed(3)
     again = fc(x)[0].cpu()
     assert torch.equal(again, compiled[0])  # reproducible under manual_seed
-    assert stats()["programs"] == 1
+    assert compiled_stats()["programs"] == 1
 
 
 def test_op_without_kernel_runs_eagerly_between_compiled_parts(dev):
@@ -217,7 +205,7 @@ def test_op_without_kernel_runs_eagerly_between_compiled_parts(dev):
     x, w = torch.rand(4, 8), torch.rand(8, 8)
     for _ in range(3):
         assert_close(fc(x.to(dev), w.to(dev)), f(x, w), rtol=1e-5, atol=1e-5)
-    s = stats()
+    s = compiled_stats()
     assert s["programs"] == 2, s  # the parts before and after the fallback
     assert s["calls"] == 4, s  # calls 2 and 3 ran each part once (the first call was the eager capture)
     assert any("special_airy_ai" in why for why in s["eager_graphs"]), s
@@ -273,7 +261,7 @@ def test_recompiles_are_counted_with_the_shapes_that_caused_them(dev):
     for n in (2, 3, 5, 3):
         x = torch.randn(n, 4)
         assert_close(fc(x.to(dev)), (x * 3).sum(-1))
-    s = stats()
+    s = compiled_stats()
     assert s["dynamo_graphs"] == 3 and s["recompiles"] == 2, s
     assert [shape[0] for shape in s["shapes"]] == [(2, 4), (3, 4), (5, 4)], s
 
@@ -312,7 +300,7 @@ def test_storm_guard_warns_once_naming_the_varying_dim_and_buckets(dev):
         with pytest.warns(UserWarning, match=r"input 0 dim 0 takes \[1, 2, 3, 5\], e.g. buckets \[1, 2, 4, 8\]"):
             for n in (1, 2, 3, 5):
                 fc(torch.ones(n, 7, device=dev))
-        s = stats()
+        s = compiled_stats()
         assert "4 distinct input shapes" in s["storm"], s
         assert "torch_pjrt.shapes.mark_bounded(x, dim, max)" in s["storm"], s
         import warnings
@@ -343,7 +331,7 @@ def test_dynamic_shapes_specialize_one_program_per_size(dev):
     for n in (3, 5, 3, 5):
         x = torch.randn(n, 4)
         assert_close(fc(x.to(dev)), (x * x).sum(0))
-    s = stats()
+    s = compiled_stats()
     assert s["dynamo_graphs"] == 1, s  # one symbolic Dynamo graph ...
     assert s["programs"] == 2 and s["eager_graphs"] == [], s  # ... specialized per size
     # Replays of a size seen before bind and run: no host read, no new program.
@@ -353,7 +341,7 @@ def test_dynamic_shapes_specialize_one_program_per_size(dev):
     y = fc(x_dev)
     after = torch_pjrt.metrics()
     assert after["device_to_host_bytes"] == before["device_to_host_bytes"], "a replay read from the device"
-    assert after["compiled_runs"] == before["compiled_runs"] + 1 and stats()["programs"] == 2
+    assert after["compiled_runs"] == before["compiled_runs"] + 1 and compiled_stats()["programs"] == 2
     assert_close(y, (x * x).sum(0))
 
 
@@ -397,7 +385,7 @@ def test_windows_of_a_storage_read_and_written_inside_a_program(dev):
         for got, exp in zip(outs, want):
             assert_close(got, exp, rtol=1e-6, atol=1e-6)
         assert_close(base, base_cpu)
-    assert stats()["eager_graphs"] == [] and stats()["programs"] == 1
+    assert compiled_stats()["eager_graphs"] == [] and compiled_stats()["programs"] == 1
 
 
 def test_inputs_that_share_a_storage(dev):
@@ -476,7 +464,7 @@ def test_default_backend_compiles_device_graphs_with_pjrt_and_trains_like_cpu(de
         opt_ref.zero_grad()
         for p, q in zip(model.parameters(), ref.parameters()):
             assert_close(p, q)
-    assert stats()["dynamo_graphs"] == 1 and metric("compiled_runs") == runs + 2  # pjrt's forward and backward
+    assert compiled_stats()["dynamo_graphs"] == 1 and metric("compiled_runs") == runs + 2  # pjrt's forward and backward
     made_on_device = torch.compile(lambda n: torch.arange(n, device=dev) * 3)  # no device input
     assert_close(made_on_device(4), torch.arange(4) * 3)
     with pytest.warns(UserWarning, match="do not apply"):

@@ -26,12 +26,7 @@ import jax_kernels  # noqa: E402
 from torch_pjrt.library import jax_op, stablehlo_op  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    torch_pjrt.reset_metrics()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def torch_rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
