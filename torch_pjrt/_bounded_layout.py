@@ -97,6 +97,10 @@ class Layout:
     def meta_struct(self, val: Any) -> Struct:
         return tuple((self.atom(expr_of(d)),) for d in val.shape)
 
+    def new(self, a: Any) -> Any:
+        """An argument of the traced graph (nodes, in lists or not) as the new graph has it."""
+        return torch.fx.node.map_arg(a, lambda x: self.env[x])
+
     def call(self, target: Any, *args: Any, **kwargs: Any) -> torch.fx.Node:
         return self.graph.call_function(target, args, kwargs)
 

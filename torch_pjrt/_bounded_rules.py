@@ -23,8 +23,8 @@ Rule = Callable[[Layout, torch.fx.Node], tuple[Any, Any]]
 
 def symbolic(a: Any) -> bool:
     """A size (SymInt) that varies: in the padded graph it holds its value at the bound."""
-    return isinstance(a, torch.fx.Node) and isinstance(a.meta.get("val"), (torch.SymInt, torch.SymFloat)) and \
-        not is_static(expr_of(a.meta["val"]) if isinstance(a.meta["val"], torch.SymInt) else sympy.Symbol("f"))
+    val = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+    return isinstance(val, torch.SymFloat) or (isinstance(val, torch.SymInt) and not is_static(expr_of(val)))
 
 
 def refuse_offsets(n: torch.fx.Node, **offsets: Any) -> None:
@@ -249,7 +249,7 @@ def _slice(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     if step != 1 or start is None or start < 0:
         raise Refused(f"{n.target}: a slice of a padded dimension other than [start >= 0:end]")
     xin, _ = one_atom(rw, rw.env[x], s, d)
-    args = (xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    args = (xin, *rw.new(n.args[1:]))
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(out)
 
 
@@ -280,7 +280,7 @@ def _select_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     if is_static(dim[0][1]) or index >= 0:
         return copied(rw, n, struct)
     position = rw.call(aten.reshape.default, rw.binary(aten.add, rw.value(dim[0][1]), index), [1])
-    zeros = rw.call(aten.zeros.default, [rw.env[a] if isinstance(a, torch.fx.Node) else a for a in sizes],
+    zeros = rw.call(aten.zeros.default, rw.new(sizes),
                     dtype=n.meta["val"].dtype, device=rw.device)
     return rw.call(aten.index_copy.default, zeros, d, position, rw.call(aten.unsqueeze.default, rw.env[grad], d)), \
         struct
@@ -296,7 +296,7 @@ def _slice_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     struct[d] = (rw.atom(expr_of(n.meta["val"].shape[d])),)
     if not is_static(struct[d][0][1]) and (step != 1 or start < 0):
         raise Refused(f"{n.target}: a slice of a padded dimension other than [start >= 0:end]")
-    args = (g, *[torch.fx.node.map_arg(a, lambda x: rw.env[x]) for a in n.args[1:]])
+    args = (g, *rw.new(n.args[1:]))
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(struct)
 
 
@@ -357,8 +357,7 @@ def _pad(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     fill = value if dtype.is_floating_point or dtype.is_complex else (bool(value) if dtype is torch.bool
                                                                        else int(value))
     xin = rw.masked(rw.env[x], s, masked_dims, fill) if masked_dims else rw.env[x]
-    return rw.call(aten.constant_pad_nd.default, xin, [rw.env[p] if isinstance(p, torch.fx.Node) else p
-                                                     for p in pads], value), tuple(out)
+    return rw.call(aten.constant_pad_nd.default, xin, rw.new(list(pads)), value), tuple(out)
 
 
 def _split(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
@@ -450,8 +449,8 @@ def _reduction(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         xin, s = one_atom(rw, xin, s, dims[0])
     dtype = x.meta["val"].dtype
     masked = rw.masked(xin, s, padded, _IDENTITY[packet](dtype))
-    args = (masked, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
-    kwargs = {k: rw.env[v] if isinstance(v, torch.fx.Node) else v for k, v in n.kwargs.items()}
+    args = (masked, *rw.new(n.args[1:]))
+    kwargs = dict(rw.new(dict(n.kwargs)))
     if packet is not aten.mean:
         return rw.graph.call_function(n.target, args, kwargs), structs
     # the real sum over the real count, summed in float32 for half types (as eager's mean)
@@ -553,7 +552,7 @@ def _convolution(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     if not all(is_static(e) for _, e in s[1]) or rw.has_padding(rw.S(n.args[1])):
         raise Refused(f"{n.target}: padded channels or weights")
     xin = rw.masked(rw.env[x], s, range(2, len(s)), 0)
-    args = (xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[1:]])
+    args = (xin, *rw.new(n.args[1:]))
     out = list(rw.meta_struct(n.meta["val"]))
     out[0] = s[0]
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), tuple(out)
@@ -570,7 +569,7 @@ def _convolution_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
         raise Refused(f"{n.target}: padded channels or weights")
     g = rw.masked(rw.env[grad], sg, range(len(sg)), 0)
     xin = rw.masked(rw.env[x], sx, range(len(sx)), 0)
-    args = (g, xin, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[2:]])
+    args = (g, xin, *rw.new(n.args[2:]))
     vals = n.meta["val"]
     structs = [sx, *[rw.meta_struct(v) if isinstance(v, torch.Tensor) else None for v in vals[1:]]]
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), structs
@@ -649,7 +648,7 @@ def _layer_norm_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     stat = (*s[:lead], *[((1, sympy.Integer(1)),)] * len(shape))
     mean = rw.masked(_aligned(rw, n.args[3], stat), stat, rows, 0)
     rstd = rw.masked(_aligned(rw, n.args[4], stat), stat, rows, 1)
-    args = (g, xin, shape, mean, rstd, *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[5:]])
+    args = (g, xin, shape, mean, rstd, *rw.new(n.args[5:]))
     params = [rw.meta_struct(v) if isinstance(v, torch.Tensor) else None for v in n.meta["val"]]
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), [s, *params[1:]]
 
@@ -667,7 +666,7 @@ def _embedding_backward(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     si = rw.S(indices)
     want = (*si, *rw.S(grad)[len(si):])  # each index's gradient row where the index is
     g = rw.masked(_aligned(rw, grad, want), want, range(len(si)), 0)
-    args = (g, _in_range(rw, indices), *[rw.env[a] if isinstance(a, torch.fx.Node) else a for a in n.args[2:]])
+    args = (g, _in_range(rw, indices), *rw.new(n.args[2:]))
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), rw.meta_struct(n.meta["val"])
 
 
@@ -679,7 +678,7 @@ def _nll_loss(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     target, scores = bound["target"], bound["self"]
     ss = rw.S(scores)
     st = ss[:len(rw.S(target))]  # the target's rows as the scores have them
-    env = {name: rw.env[v] if isinstance(v, torch.fx.Node) else v for name, v in bound.items()}
+    env = {name: rw.new(v) for name, v in bound.items()}
     env["target"] = rw.masked(_aligned(rw, target, st), st, range(len(st)), bound["ignore_index"])
     env["self"] = rw.masked(env["self"], ss, range(len(st)), 0)  # ignored rows: 0, not what padding held
     if backward and len(rw.S(bound["grad_output"])):
@@ -708,11 +707,10 @@ def _gather(rw: Layout, n: torch.fx.Node) -> tuple[Any, Any]:
     xin, sx = one_atom(rw, rw.env[x], rw.S(x), d) if si else (rw.env[x], rw.S(x))
     want = tuple(sx[k] if k == d else si[k] for k in range(len(si)))
     if want != sx:  # index position (i, j) reads x at (i, j) off the gathered dim: one layout
-        xin = rw.relayout(xin, sx, want) if all(
-            sympy.simplify(sympy.Mul(*[e for _, e in a]) - sympy.Mul(*[e for _, e in b])) == 0
-            for a, b in zip(sx, want)) else None
-        if xin is None:
+        if any(sympy.simplify(sympy.Mul(*[e for _, e in a]) - sympy.Mul(*[e for _, e in b])) != 0
+               for a, b in zip(sx, want)):
             raise Refused(f"{n.target}: an index smaller than its source off the gathered dim")
+        xin = rw.relayout(xin, sx, want)
     args = (xin, d, _in_range(rw, index), *n.args[3:])
     return rw.graph.call_function(n.target, args, dict(n.kwargs)), si
 
