@@ -360,9 +360,10 @@ def bad_input(rank: int, world: int) -> dict[str, Any]:
     t = torch.full((3,), float(rank), device=dev())
     dist.all_reduce(t)
     exact(t, torch.full((3,), float(sum(range(world)))), "all_reduce after errors")
-    dist.barrier()
-    # A receive nobody sends to does not hold up the group's destruction.
+    # A receive nobody sends to does not hold up the group's destruction. (Posted before the
+    # barrier: posted after it, a peer that had already left made the posting itself fail.)
     dist.irecv(torch.empty(2, device=dev()), src=1 - rank, tag=99)
+    dist.barrier()
     start = time.monotonic()
     dist.destroy_process_group()
     return {"messages": msgs, "destroy_seconds": time.monotonic() - start}
