@@ -14,6 +14,11 @@ per-rank randomness on the device, whose generators are per device, or seed and 
 on the CPU before ``spawn``; ranks that seed it differently are warned), ``sys.argv``,
 and the interpreter's other globals. A rank that raises ends its process group, so the
 ranks waiting for it in a collective raise too instead of hanging.
+
+Dynamo compiles one frame at a time per process (a global lock), so under
+``torch.compile`` the rank threads compile one after another: the first reaches its
+first collective up to ``world - 1`` compiles before the last. A group ``timeout``
+shorter than that fails the first rank; the default (30 min) leaves room.
 """
 
 from __future__ import annotations
