@@ -35,6 +35,14 @@ assert torch.__version__.split('+')[0] == '${TORCH_SPEC#torch==}'" 2>/dev/null; 
   "$VPY" -m pip install -q --disable-pip-version-check "$TORCH_SPEC" xla-cpu-pjrt==0.0.1 numpy pytest \
     pybind11 setuptools expecttest matplotlib==3.10.9 2>&1 | grep -v "^WARNING: Location" || true
 fi
+# Pinned JAX: the custom-kernel tests' (README, "Custom kernels"), and jaxlib's XLA FFI headers,
+# which the build's host kernels need (csrc/kernels): installed before the build starts.
+if ! "$VPY" -c "import importlib.metadata as m
+assert m.version('jax') == '0.10.2' and m.version('jaxlib') == '0.10.2'" 2>/dev/null; then
+  echo "setup: installing JAX (custom-kernel tests, XLA FFI headers)"
+  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-kernels.txt 2>&1 \
+    | grep -v "^WARNING: Location" || true
+fi
 # The extension builds while the test packages below install (they leave torch and pybind11
 # alone): setup.py's own build step (CMake against this venv's torch, the C++ unit tests too,
 # in build/, incremental, two jobs for two cores, the module written straight into torch_pjrt/,
@@ -82,14 +90,6 @@ assert m.version('torchrec') == '1.8.0' and m.version('fbgemm-gpu-cpu') == '1.8.
 assert m.version('tensordict') == '0.15.3'" 2>/dev/null; then
   echo "setup: installing TorchRec test packages"
   "$VPY" -m pip install -q --disable-pip-version-check --no-deps -r scripts/requirements-torchrec.txt 2>&1 \
-    | grep -v "^WARNING: Location" || true
-fi
-
-# Custom-kernel tests: pinned JAX (README, "Custom kernels").
-if ! "$VPY" -c "import importlib.metadata as m
-assert m.version('jax') == '0.10.2' and m.version('jaxlib') == '0.10.2'" 2>/dev/null; then
-  echo "setup: installing custom-kernel test packages"
-  "$VPY" -m pip install -q --disable-pip-version-check -r scripts/requirements-kernels.txt 2>&1 \
     | grep -v "^WARNING: Location" || true
 fi
 

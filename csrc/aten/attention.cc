@@ -179,6 +179,8 @@ Tensor paged_attention(const Tensor& query, const Tensor& kv_cache, const Tensor
   }
   OpBuilder op(kPagedAttention);
   L::PagedAttentionParams params{scale, sliding_window, soft_cap, chunk_blocks};
+  params.host_kernel = query.scalar_type() == at::kFloat && kv_cache.scalar_type() == at::kFloat &&
+                       device::rt().host_kernels();
   Value out = L::paged_attention(op.b(), op.input(query), op.input(kv_cache), op.input(block_rows),
                                  op.input(positions), params);
   return finish(op, op.b().convert(out, to_ir(query.scalar_type())), query.scalar_type(), nullptr);

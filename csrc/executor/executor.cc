@@ -1,5 +1,8 @@
 #include "executor/executor.h"
 #include "executor/trace.h"
+#include "ir/builder.h"
+#include "kernels/host_kernels.h"
+#include "lowering/nn.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -381,6 +384,17 @@ Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::Clie
   id << "xla_flags=" << (xla_flags ? xla_flags : "") << ";";
   id << "cpu=" << hex64(ir::fnv1a(host_cpu_features()));
   identity_ = id.str();
+  // Registered at once, before any executable loads from the disk tier: one that calls a
+  // host kernel finds it in a process that has not lowered a call yet.
+  const char* host_kernels = std::getenv("TORCH_PJRT_HOST_KERNELS");
+  if ((host_kernels == nullptr || std::string(host_kernels) != "0") && client_->platform_name() == "cpu") {
+    try {
+      host_kernels_registered_ = api->register_ffi_handler(kernels::kHostPagedAttention, "Host",
+                                                           kernels::host_paged_attention_handler());
+    } catch (const std::exception&) {
+      host_kernels_registered_ = false;
+    }
+  }
 }
 
 Runtime::~Runtime() {
@@ -424,6 +438,28 @@ void Runtime::evict_locked() {
     memory_.erase(*oldest);
     metrics().memory_cache_evictions++;
   }
+}
+
+bool Runtime::host_kernels() {
+  std::call_once(host_kernels_once_, [this] {
+    if (!host_kernels_registered_) return;
+    // Some plugins take the registration yet compile without the handler: a probe compile decides.
+    try {
+      ir::Graph g;
+      ir::Builder b(g);
+      lowering::PagedAttentionParams params;
+      params.host_kernel = true;
+      ir::Value out = lowering::paged_attention(
+          b, g.param(ir::Type{ir::DType::F32, {1, 1, 1, 1}}), g.param(ir::Type{ir::DType::F32, {2, 1, 1, 1, 1}}),
+          g.param(ir::Type{ir::DType::S32, {1, 1}}), g.param(ir::Type{ir::DType::S32, {1, 1}}), params);
+      g.set_outputs({out});
+      client_->compile(g.to_mlir());
+      host_kernels_ = true;
+    } catch (const std::exception&) {
+      host_kernels_ = false;  // the StableHLO lowerings serve instead
+    }
+  });
+  return host_kernels_;
 }
 
 std::shared_ptr<runtime::LoadedExecutable> Runtime::get_executable(const ir::Key& cache_key,

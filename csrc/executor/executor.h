@@ -164,6 +164,10 @@ class Runtime {
   // generated) and the CPU: part of every disk key, so an executable compiled
   // by one plugin or flag set is never loaded by another.
   const std::string& identity() const { return identity_; }
+  // Whether programs may call the host kernels (kernels/host_kernels.h): a host (CPU) plugin
+  // took their registration and a probe compile found them. Decided once, on the first
+  // call; TORCH_PJRT_HOST_KERNELS=0 turns them off.
+  bool host_kernels();
   DiskCache& disk_cache() { return disk_; }
   void set_cache_dir(const std::string& dir) { disk_ = DiskCache(dir, disk_.policy()); }
   size_t memory_cache_size();
@@ -190,6 +194,9 @@ class Runtime {
   std::condition_variable compiled_;
   std::list<const ir::Key*> recency_;  // most recently used first; points at memory_'s keys
   size_t capacity_ = 4096;
+  bool host_kernels_registered_ = false;
+  std::once_flag host_kernels_once_;
+  bool host_kernels_ = false;
   void evict_locked();
 };
 

@@ -745,6 +745,13 @@ std::vector<Value> Builder::custom_call(const std::string& target, const std::ve
   return g_.add_multi("stablehlo.custom_call", operands, results, attrs);
 }
 
+std::vector<Value> Builder::ffi_call(const std::string& target, const std::vector<Value>& operands,
+                                     const std::vector<Type>& results, const std::string& attributes) {
+  const std::string attrs = "call_target_name = \"" + target + "\", api_version = 4 : i32, backend_config = {" +
+                            attributes + "}";
+  return g_.add_multi("stablehlo.custom_call", operands, results, attrs);
+}
+
 Value Builder::cholesky(Value a, bool lower) {
   return g_.add("stablehlo.cholesky", {a}, type(a), std::string("lower = ") + (lower ? "true" : "false"));
 }

@@ -138,6 +138,10 @@ class Builder {
   // A custom call the plugin's compiler expands itself (XLA's "Eigh", "Qr" ...).
   std::vector<Value> custom_call(const std::string& target, const std::vector<Value>& operands,
                                  const std::vector<Type>& results, const std::string& backend_config = "");
+  // A typed FFI custom call (api_version 4): a handler registered with the plugin;
+  // `attributes` is the body of its backend_config dictionary ("scale = 1.0 : f64").
+  std::vector<Value> ffi_call(const std::string& target, const std::vector<Value>& operands,
+                              const std::vector<Type>& results, const std::string& attributes);
   // Batched [..., n, n] factorizations and solves (XLA expands both on every backend).
   Value cholesky(Value a, bool lower);
   // transpose_a: NO_TRANSPOSE, TRANSPOSE or ADJOINT.

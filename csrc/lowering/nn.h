@@ -86,6 +86,9 @@ struct PagedAttentionParams {
   int64_t sliding_window = 0;  // 0: none
   double soft_cap = 0.0;       // 0: none; else scores become tanh(s / cap) * cap
   int64_t chunk_blocks = 1;
+  // A float32 query and cache through kernels::kHostPagedAttention (a custom call the
+  // runtime registered: Runtime::host_kernels()), whose work is each row's own context.
+  bool host_kernel = false;
 };
 // query [S, Q, H, D]; kv_cache [2, N, KVH, B, D] (keys, values; H a multiple of KVH); block_rows
 // [S, M] and positions [S, Q], integers. Returns [S, Q, H, D] in float32 (float64 for a float64

@@ -3,13 +3,26 @@
 // softmax for every query row of the tile.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <stdexcept>
 
+#include "kernels/host_kernels.h"
 #include "lowering/nn.h"
 
 namespace torch_pjrt::lowering {
 
 Value paged_attention(Builder& b, Value query, Value kv_cache, Value block_rows, Value positions,
                       const PagedAttentionParams& p) {
+  if (p.host_kernel) {
+    if (b.dtype(query) != DType::F32 || b.dtype(kv_cache) != DType::F32) {
+      throw std::invalid_argument("paged_attention: the host kernel takes a float32 query and cache");
+    }
+    char attributes[160];
+    std::snprintf(attributes, sizeof attributes, "scale = %.17e : f64, sliding_window = %lld : i64, soft_cap = %.17e : f64",
+                  p.scale, static_cast<long long>(p.sliding_window), p.soft_cap);
+    return b.ffi_call(kernels::kHostPagedAttention, {query, kv_cache, block_rows, positions}, {b.type(query)},
+                      attributes)[0];
+  }
   const std::vector<int64_t> qd = b.dims(query), kd = b.dims(kv_cache);
   const int64_t tiles = qd[0], rows = qd[1], heads = qd[2], head_size = qd[3];
   const int64_t kv_heads = kd[2], block_size = kd[3];

@@ -15,6 +15,7 @@
 #include "device/fallback.h"
 #include "aten/user_kernels.h"
 #include "distributed/process_group.h"
+#include "kernels/host_kernels.h"
 
 #include <unordered_map>
 
@@ -173,6 +174,9 @@ PYBIND11_MODULE(_C, mod) {
   mod.def("_call_kernel", &device::call_user_kernel, py::arg("op_name"), py::arg("name"), py::arg("inputs"),
           py::arg("like"));
   mod.def("_compile_options", [] { return py::bytes(device::rt().client().compile_options()); });
+  // Whether this build has host kernels (csrc/kernels), and whether programs call them here.
+  mod.def("_host_kernels_built", [] { return kernels::host_paged_attention_handler() != nullptr; });
+  mod.def("_host_kernels", [] { return device::rt().host_kernels(); });
   mod.def("_cache_identity", [] { return device::rt().identity(); });
   mod.def("_init", [] {
     py::gil_scoped_release no_gil;

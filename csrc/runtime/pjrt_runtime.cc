@@ -62,6 +62,40 @@ void Api::check_has(size_t offset, const char* name) const {
   }
 }
 
+namespace {
+// The PJRT FFI extension's ABI (pjrt_c_api_ffi_extension.h, which no package ships; the
+// layout is versioned by struct_size): the extension and its handler registration.
+struct FfiRegisterHandlerArgs {
+  size_t struct_size;
+  const char* target_name;
+  size_t target_name_size;
+  void* handler;
+  const char* platform_name;
+  size_t platform_name_size;
+  unsigned traits;
+};
+struct FfiExtension {
+  PJRT_Extension_Base base;
+  void* type_id_register;
+  void* user_data_add;
+  PJRT_Error* (*register_handler)(FfiRegisterHandlerArgs*);
+};
+}  // namespace
+
+bool Api::register_ffi_handler(const std::string& target, const std::string& platform, void* handler) const {
+  for (const PJRT_Extension_Base* e = api_->extension_start; e != nullptr; e = e->next) {
+    if (e->type != PJRT_Extension_Type_FFI) continue;
+    if (e->struct_size < sizeof(FfiExtension) || handler == nullptr) return false;
+    const auto* ffi = reinterpret_cast<const FfiExtension*>(e);
+    if (ffi->register_handler == nullptr) return false;
+    FfiRegisterHandlerArgs args{sizeof(FfiRegisterHandlerArgs), target.data(), target.size(), handler,
+                                platform.data(), platform.size(), 0};
+    throw_if_error(ffi->register_handler(&args), "PJRT FFI register_handler");
+    return true;
+  }
+  return false;
+}
+
 void Api::throw_if_error(PJRT_Error* error, const char* what) const {
   if (error == nullptr) return;
   auto msg_args = ARGS(PJRT_Error_Message_Args);

@@ -166,6 +166,11 @@ class Api {
   std::string path() const { return path_; }
   // Plugin attributes (xla_version, stablehlo versions) as "name=value" strings.
   std::vector<std::string> attributes() const;
+  // Registers a typed XLA FFI handler (an XLA_FFI_Handler*) as custom call `target` of
+  // `platform` ("Host" for CPU plugins) through the plugin's FFI extension. False when the
+  // plugin has no such extension or one too old to register handlers; a plugin error throws.
+  // Registration is no proof that compiles find the handler: probe with a compile.
+  bool register_ffi_handler(const std::string& target, const std::string& platform, void* handler) const;
 
  private:
   Api(const PJRT_Api* api, std::string path) : api_(api), path_(std::move(path)) {}

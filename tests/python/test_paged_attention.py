@@ -6,7 +6,11 @@ one program for every context length."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -163,3 +167,29 @@ def test_inputs_on_two_devices_are_refused(dev: torch.device) -> None:
     q, kv_cache, block_rows, positions = _batch(6, 8, 2, 4, 2, 8, 4, 6, 20)
     with pytest.raises(RuntimeError, match="paged_attention"):
         paged_attention(q.to(dev), kv_cache.to(dev), block_rows, positions.to(dev), 0.5)
+
+
+def _host_kernel_expected() -> bool:
+    """The host kernel (csrc/kernels) serves float32 paged attention where the build has it
+    (setup builds with jaxlib's XLA FFI headers), on the default CPU plugin (whose FFI extension
+    registers handlers; xla-cpu-pjrt takes the registration but compiles without it), unless
+    TORCH_PJRT_HOST_KERNELS=0."""
+    from torch_pjrt._plugins import DEFAULT_CPU_PLUGIN, choose_plugin
+    name = choose_plugin().name
+    return (os.environ.get("TORCH_PJRT_HOST_KERNELS") != "0" and name in ("cpu", DEFAULT_CPU_PLUGIN)
+            and importlib.util.find_spec("jax") is not None)
+
+
+def test_the_host_kernel_serves_float32_where_the_plugin_takes_it(dev: torch.device) -> None:
+    assert torch_pjrt._C._host_kernels_built() == (importlib.util.find_spec("jax") is not None)
+    assert torch_pjrt._C._host_kernels() == _host_kernel_expected()
+
+
+def test_the_stablehlo_lowering_still_matches_without_the_host_kernel() -> None:
+    # The other path (plugins without the host kernel), in a process that turned it off.
+    env = dict(os.environ, TORCH_PJRT_HOST_KERNELS="0")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "matches_float64 or low_precision or serves_float32 or one_program"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-1000:]

@@ -1,0 +1,19 @@
+// Kernels of ours that a host (CPU) plugin runs inside its programs: typed XLA FFI
+// handlers, registered through the plugin's PJRT FFI extension and called by
+// stablehlo.custom_call (api_version 4). A program reaches them only where the
+// runtime registered them and a probe compile found them (executor::Executor::host_kernels).
+// Torch-free.
+#pragma once
+
+namespace torch_pjrt::kernels {
+
+// torch_pjrt::paged_attention over the context each query row actually sees: operands
+// query [S, Q, H, D] f32, kv_cache [2, N, KVH, B, D] f32, block_rows [S, M] and
+// positions [S, Q] (s32 or s64); attributes scale (f64), sliding_window (i64),
+// soft_cap (f64); result [S, Q, H, D] f32. Semantics: lowering/nn.h's paged_attention.
+inline constexpr const char* kHostPagedAttention = "torch_pjrt_paged_attention";
+
+// The handlers (XLA_FFI_Handler*), or nullptr where this build has no XLA FFI headers.
+void* host_paged_attention_handler();
+
+}  // namespace torch_pjrt::kernels
