@@ -5,6 +5,9 @@
 // Torch-free.
 #pragma once
 
+#include <string>
+#include <vector>
+
 namespace torch_pjrt::kernels {
 
 // torch_pjrt::paged_attention over the context each query row actually sees: operands
@@ -15,5 +18,11 @@ inline constexpr const char* kHostPagedAttention = "torch_pjrt_paged_attention";
 
 // The handlers (XLA_FFI_Handler*), or nullptr where this build has no XLA FFI headers.
 void* host_paged_attention_handler();
+
+// The instruction-set variant of the kernels' loops that runs ("x86-64-v4", "x86-64-v3",
+// "baseline"; "" without host kernels): the best this CPU has, or the one
+// TORCH_PJRT_HOST_KERNEL_ISA names where the CPU has it. host_kernel_isas: those it has, best first.
+std::string host_kernel_isa();
+std::vector<std::string> host_kernel_isas();
 
 }  // namespace torch_pjrt::kernels

@@ -78,6 +78,11 @@ CASES = {
     "long-context": dict(tiles=4, rows=4, heads=2, kv_heads=1, head_size=32, block_size=16, table=20, longest=320),
     "short-contexts-long-table": dict(tiles=10, rows=2, heads=2, kv_heads=2, head_size=8, block_size=2, table=64,
                                       longest=5),
+    # A prefill tile as vLLM's steps have them (the host kernel's lanes side by side in vectors: 17 lanes,
+    # so a second vector mostly of padding) over contexts of several 64-position chunks; a head size of
+    # 80 is five vectors of 16 (the value loop's blocks of four and its remainder).
+    "prefill-tile-long-head": dict(tiles=3, rows=17, heads=4, kv_heads=4, head_size=80, block_size=16, table=16,
+                                   longest=250),
 }
 OPTIONS = {"plain": {}, "sliding-window": {"sliding_window": 7}, "soft-cap": {"soft_cap": 3.0}}
 
@@ -183,6 +188,32 @@ def _host_kernel_expected() -> bool:
 def test_the_host_kernel_serves_float32_where_the_plugin_takes_it(dev: torch.device) -> None:
     assert torch_pjrt._C._host_kernels_built() == (importlib.util.find_spec("jax") is not None)
     assert torch_pjrt._C._host_kernels() == _host_kernel_expected()
+
+
+def test_the_host_kernel_runs_the_instruction_set_asked_for() -> None:
+    asked = os.environ.get("TORCH_PJRT_HOST_KERNEL_ISA")
+    if not torch_pjrt._C._host_kernels_built():
+        assert torch_pjrt._C._host_kernel_isa() == ""
+        return
+    isas = torch_pjrt._C._host_kernel_isas()
+    assert isas[-1] == "baseline"
+    assert torch_pjrt._C._host_kernel_isa() == (asked if asked in isas else isas[0])
+
+
+def _other_isas() -> list[str]:
+    return torch_pjrt._C._host_kernel_isas()[1:] if _host_kernel_expected() else []
+
+
+@pytest.mark.parametrize("isa", _other_isas())
+def test_each_instruction_set_variant_of_the_host_kernel_matches(isa: str) -> None:
+    # The tests above ran the best variant this CPU has; the others (what a CPU without AVX-512,
+    # or without AVX2, runs) in processes that ask for them.
+    env = dict(os.environ, TORCH_PJRT_HOST_KERNEL_ISA=isa)
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
+                           "matches_float64 or instruction_set_asked_for"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-1000:]
 
 
 def test_the_stablehlo_lowering_still_matches_without_the_host_kernel() -> None:

@@ -1,0 +1,4 @@
+// attention_tile.inc for one instruction set (its -march is set in CMakeLists.txt).
+#define TORCH_PJRT_ISA x86_64_v3
+#define TORCH_PJRT_VECTOR_FLOATS 8
+#include "kernels/attention_tile.inc"
