@@ -128,6 +128,10 @@ def test_buckets_cover_the_scheduler_limits() -> None:
 def test_greedy_equals_transformers(engine_run: tuple[str, dict, list[list[int]]], models: dict[str, str]) -> None:
     kind, result, prompts = engine_run
     assert result["platform"] == "PjrtPlatform"
+    # The worker lays the linear weights out for the device's dot (worker.py), and the greedy tokens
+    # checked here came from those layers.
+    layout = result["linear_weight_layout"]
+    assert layout["linear_weights"] > 0 and layout["stored_in_by_out"] == layout["linear_weights"], layout
     expected, gap = _reference(models[kind], prompts, MAX_TOKENS)
     assert gap > DECISIVE, f"{kind}: the float64 reference has a near tie ({gap:.2e}); the test cannot decide"
     for ids, got, want in zip(prompts, result["greedy"], expected):

@@ -23,6 +23,14 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def _linear_weight_layout(worker: object) -> dict[str, int]:
+    """How many of the model's linear layers keep their weight [out, in] in storage laid out [in, out]."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    weights = [m.weight for m in worker.model_runner.model.modules() if isinstance(m, LinearBase)]
+    return {"linear_weights": len(weights), "stored_in_by_out": sum(w.stride() == (1, w.shape[0]) for w in weights)}
+
+
 def main() -> None:
     model_dir, job_path = sys.argv[1], sys.argv[2]
     with open(job_path) as f:
@@ -87,6 +95,7 @@ def main() -> None:
     result["prompt_logprobs"] = [None if d is None else d[t].logprob for d, t in zip(out.prompt_logprobs, prompt)]
     import vllm.platforms
     result["platform"] = type(vllm.platforms.current_platform).__name__
+    result["linear_weight_layout"] = llm.collective_rpc(_linear_weight_layout)[0]
     print(json.dumps(result))
 
 

@@ -24,6 +24,7 @@ from torch_pjrt._capture import CompiledGraph, capture, layout_key
 from vllm.config import VllmConfig, set_current_vllm_config
 from vllm.forward_context import get_forward_context, set_forward_context
 from vllm.logger import init_logger
+from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.kv_cache_interface import AttentionSpec, KVCacheConfig
@@ -58,6 +59,19 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([t, pad])
 
 
+def _store_linear_weights_transposed(model: torch.nn.Module) -> None:
+    """Each linear layer's weight [out, in] becomes a view of storage laid out [in, out], same
+    values. A step's program then multiplies by that storage as it lies: stored [out, in], XLA's
+    CPU dot transposes every weight at every step, which doubles a decode step's reads of the
+    weights (a 16-token 512x512 layer: 0.24 ms, 0.13 ms this way). Loaders that copy new weights
+    into the parameters still can (a copy into a view)."""
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, LinearBase) and isinstance(weight, torch.nn.Parameter) and weight.dim() == 2 \
+                and isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod):
+            weight.data = weight.data.t().contiguous().t()
+
+
 class PjrtModelRunner(CPUModelRunner):
     def __init__(self, vllm_config: VllmConfig, device: torch.device) -> None:
         # The CPU runner turns torch.accelerator's synchronize and empty_cache into no-ops for
@@ -72,6 +86,7 @@ class PjrtModelRunner(CPUModelRunner):
     def load_model(self, load_dummy_weights: bool = False) -> None:
         super().load_model(load_dummy_weights)
         self.model.to(self.target)
+        _store_linear_weights_transposed(self.model)
         device_logits = self.model.compute_logits
         self._device_logits = device_logits
 
