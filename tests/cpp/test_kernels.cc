@@ -83,8 +83,10 @@ void run(AttendTile attend, const Batch& b, float scale, std::vector<float>& out
 std::vector<std::pair<std::string, AttendTile>> variants() {
   std::vector<std::pair<std::string, AttendTile>> found;
   for (const std::string& name : host_kernel_isas()) {
+#if defined(__x86_64__)
     if (name == "x86-64-v4") found.emplace_back(name, x86_64_v4::attend);
     if (name == "x86-64-v3") found.emplace_back(name, x86_64_v3::attend);
+#endif
     if (name == "baseline") found.emplace_back(name, baseline::attend);
   }
   return found;
