@@ -267,12 +267,30 @@ size_t Buffer::on_device_size_bytes() const {
 }
 
 void Buffer::to_host(void* dst, size_t dst_size) const {
+  // The plugin's own copy keeps the buffer's on-device layout, which on a host platform is
+  // dense: the same bytes a memcpy of its memory gives, once the buffer is computed.
+  if (api_->device_memory_is_host() && offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) < api_->raw()->struct_size &&
+      api_->raw()->PJRT_Buffer_UnsafePointer != nullptr) {
+    await_ready();
+    if (dst_size == 0) return;
+    if (on_device_size_bytes() == dst_size) {
+      std::memcpy(dst, reinterpret_cast<const void*>(unsafe_pointer()), dst_size);
+      return;
+    }
+  }
   auto args = ARGS(PJRT_Buffer_ToHostBuffer_Args);
   args.src = buffer_;
   args.dst = dst;
   args.dst_size = dst_size;
   TORCH_PJRT_CALL(*api_, PJRT_Buffer_ToHostBuffer, &args, "PJRT_Buffer_ToHostBuffer");
   Event(api_, args.event).await();
+}
+
+uintptr_t Buffer::unsafe_pointer() const {
+  auto args = ARGS(PJRT_Buffer_UnsafePointer_Args);
+  args.buffer = buffer_;
+  TORCH_PJRT_CALL(*api_, PJRT_Buffer_UnsafePointer, &args, "PJRT_Buffer_UnsafePointer");
+  return args.buffer_pointer;
 }
 
 void Buffer::await_ready() const {
@@ -527,6 +545,7 @@ Client::Client(std::shared_ptr<const Api> api, const std::vector<ClientOption>& 
   }
   TORCH_PJRT_CALL(*api_, PJRT_Client_Create, &args, "PJRT_Client_Create");
   client_ = args.client;
+  api_->note_platform(platform_name());
 
   auto devs = ARGS(PJRT_Client_AddressableDevices_Args);
   devs.client = client_;
@@ -558,6 +577,10 @@ int Client::process_index() const {
   args.client = client_;
   TORCH_PJRT_CALL(*api_, PJRT_Client_ProcessIndex, &args, "PJRT_Client_ProcessIndex");
   return args.process_index;
+}
+
+void Api::note_platform(const std::string& platform_name) const {
+  if (platform_name == "cpu" || platform_name == "host") device_memory_is_host_.store(true, std::memory_order_relaxed);
 }
 
 std::string Client::platform_name() const {

@@ -210,6 +210,36 @@ TEST(Runtime, CompileAndExecute) {
   EXPECT_EQ(r, (std::vector<float>{11, 22, 33, 44, 55, 66}));
 }
 
+TEST(Runtime, AHostPlatformsResultsAreReadFromItsMemory) {
+  // The CPU plugin's buffers live in this process: to_host copies them directly once ready,
+  // and must give what the plugin's own copy gives, for every element size.
+  auto client = shared_client();
+  ASSERT_TRUE(client->api().device_memory_is_host());
+  ir::Graph g;
+  ir::Builder b(g);
+  auto x = g.param({ir::DType::F32, {3, 2}});
+  auto y = g.param({ir::DType::F32, {3, 2}});
+  auto sum = b.binary("add", x, y);
+  g.set_outputs({b.transpose(x, {1, 0}), b.compare(x, y, "GT"), b.convert(sum, ir::DType::S8),
+                 b.slice(sum, {0, 0}, {0, 2}, {1, 1})});
+  std::vector<float> a{1, 2, 3, 4, 5, 6}, c{6, 5, 4, 3, 2, 1};
+  auto& dev = client->devices()[0];
+  auto ba = client->buffer_from_host(a.data(), PJRT_Buffer_Type_F32, {3, 2}, dev);
+  auto bc = client->buffer_from_host(c.data(), PJRT_Buffer_Type_F32, {3, 2}, dev);
+  auto outs = client->compile(g.to_mlir())->execute(dev, {ba->raw(), bc->raw()});
+  ASSERT_EQ(outs.size(), 4u);
+  std::vector<float> transposed(6);
+  outs[0]->to_host(transposed.data(), 24);
+  EXPECT_EQ(transposed, (std::vector<float>{1, 3, 5, 2, 4, 6}));
+  uint8_t greater[6];
+  outs[1]->to_host(greater, 6);
+  EXPECT_EQ(std::vector<uint8_t>(greater, greater + 6), (std::vector<uint8_t>{0, 0, 0, 1, 1, 1}));
+  int8_t narrowed[6];
+  outs[2]->to_host(narrowed, 6);
+  EXPECT_EQ(std::vector<int8_t>(narrowed, narrowed + 6), (std::vector<int8_t>{7, 7, 7, 7, 7, 7}));
+  outs[3]->to_host(nullptr, 0);  // an empty result: nothing to read, no dereference
+}
+
 TEST(Runtime, IntegerDivisionOfEmptyConstantsCompiles) {
   // The plugin's folder divided a 0x10x3 splat of zeros by itself and raised SIGFPE
   // (test_ops' test_out__refs_lcm); the builder emits no arithmetic on zero elements.

@@ -670,8 +670,10 @@ def tensor_parallel(rank: int, world: int) -> dict[str, Any]:
         exact(c, copies[0].cpu(), "replicated dt.rand is the same on every rank")
     sharded = dt.rand(8, 4, device_mesh=mesh, placements=[dt.Shard(0)]).full_tensor()
     assert sharded.shape == (8, 4) and not torch.equal(sharded[:4].cpu(), sharded[4:].cpu()), "shards repeat"
+    from torch.distributed.tensor import _random
+    tracker_device = str(_random._rng_tracker._device)  # each rank's own: its generator, not another's
     dist.destroy_process_group()
-    return {"max_rel_error": err}
+    return {"max_rel_error": err, "rng_tracker_device": tracker_device}
 
 
 @scenario

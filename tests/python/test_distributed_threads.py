@@ -90,6 +90,9 @@ def test_tensor_parallel_over_four_rank_threads_matches_single_device_training(t
     # handed one rank's fake tensors to another, in forward and in the autograd threads)
     reports = _threads("tensor_parallel", 4, tmp_path)["reports"]
     assert len({r["max_rel_error"] for r in reports}) == 1, reports
+    # DTensor's random-op tracker is one per rank thread, bound to the rank's own device
+    # (shared, it drew from one rank's generator for all; a late rank skipped its seed broadcast)
+    assert [r["rng_tracker_device"] for r in reports] == [f"pjrt:{rank}" for rank in range(4)], reports
 
 
 def test_fsdp2_over_tensor_parallel_rows_matches_single_device_training(tmp_path: Path) -> None:

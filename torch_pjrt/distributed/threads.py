@@ -136,6 +136,7 @@ def _install() -> None:
         torch._C._distributed_c10d._set_thread_isolation_mode(True)
         os.environ = _RankEnviron(os.environ)  # type: ignore[assignment]
         _isolate_dtensor_shape_propagation()
+        _isolate_dtensor_rng_tracker()
         device_module.seed_all_scope = _rank_seed_scope
 
 
@@ -206,6 +207,58 @@ def _isolate_dtensor_shape_propagation() -> None:
         return
     if hasattr(ShardingPropagator, "_fake_mode_lock"):
         ShardingPropagator._fake_mode_lock = _OneFakePropagationAtATime()  # type: ignore[assignment]
+
+
+class _RankTrackers(type(sys)):  # type: ignore[misc]
+    """``torch.distributed.tensor._random``, with its ``_rng_tracker`` one per rank thread.
+    DTensor keeps one tracker per process, made by the first random op (its seed broadcast
+    to the mesh) and bound to that rank's device. Shared by rank threads it read another
+    rank's generator, and a rank that found it made skipped the broadcast the others were
+    in, which then timed out. Other threads (autograd's) see the process-wide one."""
+
+    _per_rank: dict[int, Any] = {}
+
+    @property
+    def _rng_tracker(self) -> Any:
+        rank = _rank.rank
+        return self.__dict__["_rng_tracker"] if rank is None else self._per_rank.get(rank)
+
+    @_rng_tracker.setter
+    def _rng_tracker(self, tracker: Any) -> None:
+        rank = _rank.rank
+        if rank is None:
+            self.__dict__["_rng_tracker"] = tracker
+        else:
+            self._per_rank[rank] = tracker
+
+
+def _rank_dtensor_manual_seed(seed: int, device_mesh: Any) -> None:
+    """DTensor's manual_seed for a rank thread: it makes the rank's own tracker (without the
+    seed broadcast, as DTensor's does) and seeds the rank's device."""
+    from torch.distributed.tensor import _random
+
+    if _rank.rank is None:
+        return _rank_dtensor_manual_seed.original(seed, device_mesh)  # type: ignore[attr-defined]
+    if not _random.is_rng_supported_mesh(device_mesh):
+        return None
+    if device_mesh.get_coordinate() is None:
+        raise RuntimeError(f"torch.distributed.tensor manual_seed: rank {_rank.rank} is not in the device mesh "
+                           f"{device_mesh}, so its DTensor random state would be undefined")
+    if not _random._rng_tracker:
+        _random._rng_tracker = _random.OffsetBasedRNGTracker(device_mesh, run_state_sync=False)
+    torch.manual_seed(seed)
+    return None
+
+
+def _isolate_dtensor_rng_tracker() -> None:
+    try:
+        from torch.distributed.tensor import _random
+    except ImportError:  # a torch without DTensor
+        return
+    if not isinstance(_random, _RankTrackers) and "_rng_tracker" in vars(_random):
+        _random.__class__ = _RankTrackers
+        _rank_dtensor_manual_seed.original = _random.manual_seed  # type: ignore[attr-defined]
+        _random.manual_seed = _rank_dtensor_manual_seed
 
 
 class _RankPrefixed:
@@ -288,6 +341,7 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
+            _RankTrackers._per_rank.pop(rank, None)
             sys.stdout.flush()
             sys.stderr.flush()
 
