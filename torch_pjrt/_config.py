@@ -77,5 +77,9 @@ def configure_from_env() -> None:
         policy = _C._fusion_policy()
         _C._set_fusion_policy(int(max_ops), int(policy["min_loop"]), bool(policy["detect_loops"]),
                               bool(policy["donate"]))
+    isa = os.environ.get("TORCH_PJRT_HOST_KERNEL_ISA")
+    if isa and isa not in _C._host_kernel_isas():
+        raise ValueError(f"torch_pjrt: TORCH_PJRT_HOST_KERNEL_ISA={isa!r} is not a host kernel variant this CPU "
+                         f"runs; it runs {', '.join(_C._host_kernel_isas()) or 'none'}")
     _C._set_fallback_mode(os.environ.get("TORCH_PJRT_FALLBACK", "warn"))
     _C._set_fallback_logger(_log_fallback)

@@ -197,7 +197,16 @@ def test_the_host_kernel_runs_the_instruction_set_asked_for() -> None:
         return
     isas = torch_pjrt._C._host_kernel_isas()
     assert isas[-1] == "baseline"
-    assert torch_pjrt._C._host_kernel_isa() == (asked if asked in isas else isas[0])
+    assert torch_pjrt._C._host_kernel_isa() == (asked or isas[0])
+
+
+def test_an_instruction_set_the_cpu_lacks_is_refused_at_import() -> None:
+    env = dict(os.environ, TORCH_PJRT_HOST_KERNEL_ISA="x86-64-v9")
+    proc = subprocess.run([sys.executable, "-c", "import torch_pjrt"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "ValueError: torch_pjrt: TORCH_PJRT_HOST_KERNEL_ISA='x86-64-v9' is not a host kernel variant" \
+        in proc.stderr, proc.stderr[-2000:]
 
 
 def _other_isas() -> list[str]:
