@@ -35,12 +35,12 @@ ffi::Error paged_attention(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyB
       out->element_type() != ffi::DataType::F32 || !integers(block_rows) || !integers(positions) ||
       query.dimensions().size() != 4 || kv_cache.dimensions().size() != 5 || block_rows.dimensions().size() != 2 ||
       positions.dimensions().size() != 2) {
-    return ffi::Error::InvalidArgument("torch_pjrt_paged_attention: unexpected operand types or ranks");
+    return ffi::Error::InvalidArgument("torch_pjrt::paged_attention (host kernel): unexpected operand types or ranks");
   }
   const auto qd = query.dimensions(), kd = kv_cache.dimensions();
   const int64_t tiles = qd[0], heads = qd[2], kv_heads = kd[2];
   if (kd[0] != 2 || kd[4] != qd[3] || kv_heads <= 0 || heads % kv_heads != 0 || kd[1] <= 0) {
-    return ffi::Error::InvalidArgument("torch_pjrt_paged_attention: the cache does not match the query");
+    return ffi::Error::InvalidArgument("torch_pjrt::paged_attention (host kernel): the cache does not match the query");
   }
   const float* keys = kv_cache.typed_data<float>();
   TileWork w{query.typed_data<float>(), keys, keys + kd[1] * kv_heads * kd[3] * qd[3], out->typed_data<float>(),

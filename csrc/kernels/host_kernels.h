@@ -14,7 +14,10 @@ namespace torch_pjrt::kernels {
 // query [S, Q, H, D] f32, kv_cache [2, N, KVH, B, D] f32, block_rows [S, M] and
 // positions [S, Q] (s32 or s64); attributes scale (f64), sliding_window (i64),
 // soft_cap (f64); result [S, Q, H, D] f32. Semantics: lowering/nn.h's paged_attention.
-inline constexpr const char* kHostPagedAttention = "torch_pjrt_paged_attention";
+// The name carries the calling convention's version, so it is part of every program text and
+// of the compile caches' keys: a cached executable of another convention is never loaded
+// (bump it with any change to the operands, attributes or their meaning).
+inline constexpr const char* kHostPagedAttention = "torch_pjrt_paged_attention_v1";
 
 // The handlers (XLA_FFI_Handler*), or nullptr where this build has no XLA FFI headers.
 void* host_paged_attention_handler();
