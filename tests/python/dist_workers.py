@@ -1001,6 +1001,23 @@ def a_late_rank(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def uneven_2d_redistribute(rank: int, world: int) -> dict[str, Any]:
+    """A tensor sharded unevenly over both dimensions of a 2-D mesh, made whole again on
+    every rank: DTensor pads each row's shards to its own sizes before each all-gather
+    (the plan depends on the rank's place in the mesh)."""
+    import torch.distributed.tensor as dt
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("pjrt", timeout=timeout(), device_id=dev())
+    mesh = init_device_mesh(dev().type, (2, world // 2))
+    full = torch.arange(7 * 3, dtype=torch.float32).reshape(7, 3)
+    sharded = dt.distribute_tensor(full.to(dev()), mesh, [dt.Shard(0), dt.Shard(0)])
+    whole = sharded.redistribute(mesh, [dt.Replicate(), dt.Replicate()]).to_local()
+    exact(whole, full, f"rank {rank} (mesh coordinate {mesh.get_coordinate()}): 7 rows sharded twice, gathered")
+    dist.destroy_process_group()
+    return {"coordinate": mesh.get_coordinate()}
+
+
+@scenario
 def split_mesh(rank: int, world: int) -> dict[str, Any]:
     """init_process_group(device_id=...) (as Lightning passes it) makes DeviceMesh split the
     group: a 2-D mesh's row and column groups, each all-reduce's values against the ranks'."""

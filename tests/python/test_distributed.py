@@ -143,6 +143,10 @@ def test_tensor_parallel_matches_single_process_training(tmp_path: Any) -> None:
     assert_ok(run_ranks("tensor_parallel", tmp_path))
 
 
+def test_uneven_shards_of_a_2d_mesh_gather_whole_on_every_rank(tmp_path: Any) -> None:
+    assert_ok(run_ranks("uneven_2d_redistribute", tmp_path, world=4))
+
+
 def test_a_device_mesh_splits_a_group_made_with_a_device_id(tmp_path: Any) -> None:
     reports = run_ranks("split_mesh", tmp_path, world=4)
     assert_ok(reports)
