@@ -147,21 +147,28 @@ class PjrtAttentionMetadataBuilder(AttentionMetadataBuilder[PjrtAttentionMetadat
 
         # Each request's tokens in tiles of `rows`, in order.
         rows, tiles = Buckets.tile_rows(padded, padded_reqs), Buckets.tiles(padded, padded_reqs)
-        tiles_of_request = (query_lens + rows - 1) // rows
-        used = int(tiles_of_request.sum())
-        tile_request = np.repeat(np.arange(num_reqs), tiles_of_request)
-        first_tile = np.cumsum(tiles_of_request) - tiles_of_request
-        row_token = (starts[tile_request] + (np.arange(used) - first_tile[tile_request]) * rows)[:, None] \
-            + np.arange(rows)
-        real = row_token < starts[tile_request + 1][:, None]
         tile_tokens = np.zeros((tiles, rows), dtype=np.int64)
-        tile_tokens[:used] = np.where(real, row_token, 0)
         tile_positions = np.full((tiles, rows), -1, dtype=np.int64)
-        tile_positions[:used] = np.where(real, positions[np.minimum(row_token, num_tokens - 1)], -1)
         tile_blocks = np.zeros((tiles, blocks.shape[1]), dtype=np.int64)
-        tile_blocks[:used] = blocks[tile_request]
         token_rows = np.zeros(padded, dtype=np.int64)
-        token_rows[row_token[real]] = (np.arange(used)[:, None] * rows + np.arange(rows))[real]
+        if rows == 1:  # a tile per token (the decode buckets): token i is tile i
+            tokens = np.arange(num_tokens)
+            tile_tokens[:num_tokens, 0] = tokens
+            tile_positions[:num_tokens, 0] = positions
+            tile_blocks[:num_tokens] = blocks[request_of_token]
+            token_rows[:num_tokens] = tokens
+        else:
+            tiles_of_request = (query_lens + rows - 1) // rows
+            used = int(tiles_of_request.sum())
+            tile_request = np.repeat(np.arange(num_reqs), tiles_of_request)
+            first_tile = np.cumsum(tiles_of_request) - tiles_of_request
+            row_token = (starts[tile_request] + (np.arange(used) - first_tile[tile_request]) * rows)[:, None] \
+                + np.arange(rows)
+            real = row_token < starts[tile_request + 1][:, None]
+            tile_tokens[:used] = np.where(real, row_token, 0)
+            tile_positions[:used] = np.where(real, positions[np.minimum(row_token, num_tokens - 1)], -1)
+            tile_blocks[:used] = blocks[tile_request]
+            token_rows[row_token[real]] = (np.arange(used)[:, None] * rows + np.arange(rows))[real]
 
         slot = np.zeros(padded, dtype=np.int64)
         slot[:num_tokens] = np.maximum(m.slot_mapping[:num_tokens].cpu().numpy(), 0)

@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager
 from typing import Any
 
+import numpy as np
 import torch
 
 import torch_pjrt
@@ -57,6 +58,14 @@ def _pad_rows(t: torch.Tensor, rows: int) -> torch.Tensor:
         return t
     pad = t.new_zeros((rows - t.shape[0], *t.shape[1:]))
     return torch.cat([t, pad])
+
+
+def _padded_int64(t: torch.Tensor, rows: int) -> torch.Tensor:
+    """A host integer vector as int64, zero-padded to `rows` (in NumPy: torch ops on a few
+    dozen elements cost more in dispatch than in work)."""
+    padded = np.zeros(rows, dtype=np.int64)
+    padded[:t.shape[0]] = t.numpy()
+    return torch.from_numpy(padded)
 
 
 def _store_linear_weights_transposed(model: torch.nn.Module) -> None:
@@ -127,8 +136,8 @@ class PjrtModelRunner(CPUModelRunner):
         padded = self.buckets.tokens_for(tokens)
         # int64 on the host, whatever the runner's buffers hold: the program must not
         # depend on where the inputs came from (precompiled padding, or a real batch).
-        ids = _pad_rows(input_ids.to(torch.int64), padded).to(self.target)
-        pos = _pad_rows(positions.to(torch.int64), padded).to(self.target)
+        ids = _padded_int64(input_ids, padded).to(self.target)
+        pos = _padded_int64(positions, padded).to(self.target)
         metadata = next(iter(get_forward_context().attn_metadata.values()))
         if self.is_pooling_model or self.num_prompt_logprobs:
             with _one_program():
