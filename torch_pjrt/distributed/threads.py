@@ -23,7 +23,6 @@ shorter than that fails the first rank; the default (30 min) leaves room.
 
 from __future__ import annotations
 
-import gc
 import os
 import socket
 import sys
@@ -332,14 +331,8 @@ def spawn(fn: Callable[..., Any], args: tuple[Any, ...] = (), nprocs: int | None
         getattr(torch, DEVICE_NAME).set_device(rank)
         try:
             results[rank] = fn(rank, *args)
-        except BaseException as error:  # noqa: BLE001  (reported by spawn)
+        except BaseException:  # noqa: BLE001  (reported by spawn)
             failures[rank] = traceback.format_exc()
-            # Its frames' locals (a device mesh, DTensors) keep its process group alive, some
-            # through reference cycles, and with it the connections its peers wait on: drop them
-            # now, so that the peers' next collective fails at once, not at the group's timeout.
-            traceback.clear_frames(error.__traceback__)
-            del error
-            gc.collect()
             if dist.is_initialized():  # its peers' collectives then fail instead of waiting for it
                 try:
                     dist.destroy_process_group()
