@@ -269,8 +269,7 @@ size_t Buffer::on_device_size_bytes() const {
 void Buffer::to_host(void* dst, size_t dst_size) const {
   // The plugin's own copy keeps the buffer's on-device layout, which on a host platform is
   // dense: the same bytes a memcpy of its memory gives, once the buffer is computed.
-  if (api_->device_memory_is_host() && offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) < api_->raw()->struct_size &&
-      api_->raw()->PJRT_Buffer_UnsafePointer != nullptr) {
+  if (api_->device_memory_is_host()) {
     await_ready();
     if (dst_size == 0) return;
     if (on_device_size_bytes() == dst_size) {
@@ -580,7 +579,12 @@ int Client::process_index() const {
 }
 
 void Api::note_platform(const std::string& platform_name) const {
-  if (platform_name == "cpu" || platform_name == "host") device_memory_is_host_.store(true, std::memory_order_relaxed);
+  // Decided once per plugin: a host platform whose table has PJRT_Buffer_UnsafePointer.
+  const bool has_pointer = offsetof(PJRT_Api, PJRT_Buffer_UnsafePointer) < api_->struct_size &&
+                           api_->PJRT_Buffer_UnsafePointer != nullptr;
+  if ((platform_name == "cpu" || platform_name == "host") && has_pointer) {
+    device_memory_is_host_.store(true, std::memory_order_relaxed);
+  }
 }
 
 std::string Client::platform_name() const {

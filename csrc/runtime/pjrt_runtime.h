@@ -174,9 +174,10 @@ class Api {
   // plugin has no such extension or one too old to register handlers; a plugin error throws.
   // Registration is no proof that compiles find the handler: probe with a compile.
   bool register_ffi_handler(const std::string& target, const std::string& platform, void* handler) const;
-  // True once a client of this plugin reported a host platform ("cpu"): its device memory
-  // is this process's memory, so a ready buffer is read with a memcpy instead of a copy
-  // the plugin schedules on its threads (two thread hand-offs, about 70 us per read).
+  // True once a client of this plugin reported a host platform ("cpu") and the plugin has
+  // PJRT_Buffer_UnsafePointer: its device memory is this process's memory, so a ready buffer
+  // is read with a memcpy instead of a copy the plugin schedules on its threads (two thread
+  // hand-offs, about 70 us per read).
   bool device_memory_is_host() const { return device_memory_is_host_.load(std::memory_order_relaxed); }
   void note_platform(const std::string& platform_name) const;
 
