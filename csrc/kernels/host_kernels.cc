@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <string>
-#include <vector>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "kernels/attention_tile.h"
 #include "xla/ffi/api/ffi.h"
@@ -46,12 +46,14 @@ ffi::Error paged_attention(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyB
   TileWork w{query.typed_data<float>(), keys, keys + kd[1] * kv_heads * kd[3] * qd[3], out->typed_data<float>(),
              integers_of(block_rows), integers_of(positions), qd[1], heads, qd[3], kd[1], kv_heads, kd[3], block_rows.dimensions()[1],
              heads / kv_heads, static_cast<float>(scale), static_cast<float>(soft_cap), sliding_window};
-  // Work items (tile, key/value head) shared by the plugin's threads and this one. The state is
+  // Work items (tile, key/value head) shared by the plugin's threads and this one, a key/value
+  // head's tiles one after another: a request's tiles (adjacent in a step) read the same keys
+  // and values, which then stay in the core's cache from one tile to the next. The state is
   // shared: a helper that starts after the last item finished (this call may have returned)
   // finds nothing left and touches only its own copy.
   struct Shared {
     TileWork work;
-    int64_t items;
+    int64_t tiles, items;
     std::atomic<int64_t> next{0}, finished{0};
     std::mutex mu;
     std::condition_variable all_done;
@@ -59,11 +61,12 @@ ffi::Error paged_attention(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyB
   static const AttendTile attend = attend_for_this_cpu();
   auto shared = std::make_shared<Shared>();
   shared->work = w;
+  shared->tiles = tiles;
   shared->items = tiles * kv_heads;
   auto drain = [shared, attend = attend] {
     Shared& st = *shared;
     for (int64_t item; (item = st.next.fetch_add(1)) < st.items;) {
-      attend(st.work, item / st.work.kv_heads, item % st.work.kv_heads);
+      attend(st.work, item % st.tiles, item / st.tiles);
       if (st.finished.fetch_add(1) + 1 == st.items) {
         std::lock_guard<std::mutex> lock(st.mu);
         st.all_done.notify_all();

@@ -96,9 +96,12 @@ TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
   if (host_paged_attention_handler() == nullptr) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
   ASSERT_FALSE(variants().empty());
   // Decode (one row, lane by lane), a prefill tile of 17 rows (lanes in vectors, a second vector
-  // mostly padding), grouped heads, a head size that is not a whole number of vectors.
+  // mostly padding), grouped heads, head sizes that are not a whole number of vectors; lane by
+  // lane with rows of different context lengths (3 rows of 2 heads) and with 7 heads to a
+  // key/value head (values added four, two and one lane at a time).
   struct Case { int64_t tiles, rows, heads, kv_heads, head_size, block_size, table; };
-  for (const Case& c : {Case{6, 1, 4, 2, 64, 16, 8}, Case{4, 17, 4, 4, 80, 16, 12}, Case{3, 8, 8, 2, 24, 4, 40}}) {
+  for (const Case& c : {Case{6, 1, 4, 2, 64, 16, 8}, Case{4, 17, 4, 4, 80, 16, 12}, Case{3, 8, 8, 2, 24, 4, 40},
+                        Case{5, 3, 6, 3, 40, 8, 10}, Case{4, 1, 7, 1, 72, 16, 6}}) {
     const Batch b = make_batch(c.tiles, c.rows, c.heads, c.kv_heads, c.head_size, c.block_size, c.table, 7);
     const float scale = 1.f / std::sqrt(float(c.head_size));
     const std::vector<double> expected = reference(b, scale);
