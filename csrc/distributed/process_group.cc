@@ -261,30 +261,26 @@ class Lane {
 class HostTransport final : public Transport {
  public:
   HostTransport(c10::intrusive_ptr<c10d::Backend> host, int rank, int size)
-      : host_(std::move(host)), rank_(rank), size_(size) {}
-  ~HostTransport() override {
-    std::map<std::pair<int, int>, std::unique_ptr<Lane>> lanes;
-    {
-      std::lock_guard<std::mutex> lock(lanes_mutex_);
-      for (auto& [id, work] : waiting_) {  // receives nobody will send to: stop waiting
-        try {
-          work->abort();
-        } catch (...) {
-        }
-      }
-      lanes.swap(lanes_);
-    }
-    lanes.clear();  // joins each lane (its jobs take lanes_mutex_: not held here)
+      : host_(std::move(host)), name_("host (" + host_->getBackendName() + ")"), rank_(rank), size_(size) {}
+  ~HostTransport() override { stop_lanes(); }
+
+  // The group is destroyed: besides the lanes, the host group goes, and with it its connections,
+  // so that every peer's pending or next operation with this rank fails at once instead of
+  // waiting out the group's timeout (the backend object may live on: a device mesh, a DTensor
+  // or a compiled function's cache can hold the process group).
+  void shutdown() override {
+    stop_lanes();
+    host_.reset();
   }
 
-  std::string name() const override { return "host (" + host_->getBackendName() + ")"; }
+  std::string name() const override { return name_; }
 
   std::vector<std::vector<int64_t>> exchange(const std::vector<int64_t>& values) override {
     at::Tensor in = at::tensor(values, at::kLong);
     std::vector<std::vector<at::Tensor>> outs(1);
     for (int r = 0; r < size_; ++r) outs[0].push_back(at::empty_like(in));
     std::vector<at::Tensor> ins{in};
-    wait(host_->allgather(outs, ins));
+    wait(host().allgather(outs, ins));
     std::vector<std::vector<int64_t>> result;
     for (const at::Tensor& o : outs[0]) result.emplace_back(o.data_ptr<int64_t>(), o.data_ptr<int64_t>() + o.numel());
     return result;
@@ -294,7 +290,7 @@ class HostTransport final : public Transport {
     std::vector<at::Tensor> h{to_host(t)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp(op);
-    wait(host_->allreduce(h, o));
+    wait(host().allreduce(h, o));
     write_back(t, h[0]);
   }
 
@@ -302,7 +298,7 @@ class HostTransport final : public Transport {
     std::vector<at::Tensor> h{rank_ == root ? to_host(t) : host_like(t)};
     c10d::BroadcastOptions o;
     o.rootRank = root;
-    wait(host_->broadcast(h, o));
+    wait(host().broadcast(h, o));
     if (rank_ != root) write_back(t, h[0]);
   }
 
@@ -311,7 +307,7 @@ class HostTransport final : public Transport {
     c10d::ReduceOptions o;
     o.rootRank = root;
     o.reduceOp = c10d::ReduceOp(op);
-    wait(host_->reduce(h, o));
+    wait(host().reduce(h, o));
     if (rank_ == root) write_back(t, h[0]);
   }
 
@@ -319,7 +315,7 @@ class HostTransport final : public Transport {
     std::vector<at::Tensor> h{to_host(in)};
     at::Tensor flat = at::empty({out.numel()}, h[0].options());
     std::vector<std::vector<at::Tensor>> outs{chunks(flat, h[0])};
-    wait(host_->allgather(outs, h));
+    wait(host().allgather(outs, h));
     write_back(out, flat);
   }
 
@@ -333,7 +329,7 @@ class HostTransport final : public Transport {
     }
     c10d::GatherOptions o;
     o.rootRank = root;
-    wait(host_->gather(outs, h, o));
+    wait(host().gather(outs, h, o));
     if (rank_ == root) write_back(out, flat);
   }
 
@@ -343,7 +339,7 @@ class HostTransport final : public Transport {
     if (rank_ == root) ins.push_back(chunks(to_host(in).view(-1), h[0]));
     c10d::ScatterOptions o;
     o.rootRank = root;
-    wait(host_->scatter(h, ins, o));
+    wait(host().scatter(h, ins, o));
     write_back(out, h[0]);
   }
 
@@ -352,7 +348,7 @@ class HostTransport final : public Transport {
     std::vector<at::Tensor> h{to_host(in).view(-1)};
     c10d::AllreduceOptions o;
     o.reduceOp = c10d::ReduceOp(op);
-    wait(host_->allreduce(h, o));
+    wait(host().allreduce(h, o));
     write_back(out, h[0].narrow(0, rank_ * out.numel(), out.numel()));
   }
 
@@ -361,21 +357,21 @@ class HostTransport final : public Transport {
     at::Tensor hin = to_host(in);
     at::Tensor hout = host_like(out);
     std::vector<int64_t> os = out_splits, is = in_splits;
-    wait(host_->alltoall_base(hout, hin, os, is));
+    wait(host().alltoall_base(hout, hin, os, is));
     write_back(out, hout);
   }
 
   c10::intrusive_ptr<c10d::Work> send(const at::Tensor& t, int dst, int tag) override {
     std::vector<at::Tensor> header{header_of(t)};
     std::vector<at::Tensor> payload{to_host(t)};
-    auto header_work = host_->send(header, dst, 2 * tag);
-    auto payload_work = host_->send(payload, dst, 2 * tag + 1);
+    auto header_work = host().send(header, dst, 2 * tag);
+    auto payload_work = host().send(payload, dst, 2 * tag + 1);
     return c10::make_intrusive<SendWork>(std::move(header_work), std::move(payload_work));
   }
 
   c10::intrusive_ptr<c10d::Work> recv(const at::Tensor& t, int src, int tag) override {
     std::vector<at::Tensor> header{at::empty({kHeaderLength}, at::kLong)};
-    auto header_work = src >= 0 ? host_->recv(header, src, 2 * tag) : host_->recvAnysource(header, 2 * tag);
+    auto header_work = src >= 0 ? host().recv(header, src, 2 * tag) : host().recvAnysource(header, 2 * tag);
     auto promise = std::make_shared<std::promise<Received>>();
     std::shared_future<Received> received = promise->get_future().share();
     const at::ScalarType dtype = t.scalar_type();
@@ -394,7 +390,7 @@ class HostTransport final : public Transport {
         std::vector<int64_t> sent_sizes(p + 4, p + 4 + std::min<int64_t>(p[3], kHeaderDims));
         if (p[3] > kHeaderDims) sent_sizes = {p[2]};
         std::vector<at::Tensor> payload{at::empty(sent_sizes, at::TensorOptions().dtype(sent_dtype))};
-        auto payload_work = host_->recv(payload, source, 2 * tag + 1);
+        auto payload_work = host().recv(payload, source, 2 * tag + 1);
         if (sent_dtype != dtype || p[2] != numel) {
           payload_work->wait();  // take the message off the wire, then fail
           TORCH_CHECK(false, "pjrt recv: rank ", source, " sent ", describe(sent_dtype, sent_sizes),
@@ -418,6 +414,27 @@ class HostTransport final : public Transport {
     return out;
   }
 
+  c10d::Backend& host() const {
+    TORCH_CHECK(host_, "pjrt process group: used after it was destroyed (destroy_process_group)");
+    return *host_;
+  }
+
+  // Receives nobody will send to stop waiting; each lane finishes its jobs and stops.
+  void stop_lanes() {
+    std::map<std::pair<int, int>, std::unique_ptr<Lane>> lanes;
+    {
+      std::lock_guard<std::mutex> lock(lanes_mutex_);
+      for (auto& [id, work] : waiting_) {
+        try {
+          work->abort();
+        } catch (...) {
+        }
+      }
+      lanes.swap(lanes_);
+    }
+    lanes.clear();  // joins each lane (its jobs take lanes_mutex_: not held here)
+  }
+
   uint64_t track_waiting(const c10::intrusive_ptr<c10d::Work>& work) {
     std::lock_guard<std::mutex> lock(lanes_mutex_);
     waiting_[++next_waiting_] = work;
@@ -436,6 +453,7 @@ class HostTransport final : public Transport {
   }
 
   c10::intrusive_ptr<c10d::Backend> host_;
+  const std::string name_;  // kept: a destroyed group still says what it was
   const int rank_, size_;
   std::mutex lanes_mutex_;
   std::map<std::pair<int, int>, std::unique_ptr<Lane>> lanes_;  // destroyed (joined) before host_

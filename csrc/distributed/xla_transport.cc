@@ -301,6 +301,7 @@ class XlaTransport final : public Transport {
     if (left_.exchange(true)) return;
     Mailbox::get().leave(group_, rank_, size_);
     executor::LaunchBarrier::get().leave(device_ids_[rank_]);  // compiled programs' peers stop waiting for it
+    control_->shutdown();  // peers waiting in an agreement or exchange with this rank fail at once
   }
 
   std::string name() const override { return "xla"; }

@@ -961,6 +961,27 @@ def one_rank_raises(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def one_rank_raises_holding_a_mesh(rank: int, world: int) -> dict[str, Any]:
+    """Rank 1 raises while its frame holds a device mesh and a DTensor; the others start a
+    collective after it left (DTensor's seed broadcast for its first random op): they raise
+    too, in time, not at the group's timeout."""
+    import torch.distributed.tensor as dt
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh(dev().type, (world,))
+    ones = dt.distribute_tensor(torch.ones(4, device=dev()), mesh, [dt.Replicate()])
+    if rank == 1:
+        raise RuntimeError("rank 1 gives up")
+    time.sleep(2)  # rank 1 is gone by now
+    start = time.monotonic()
+    try:
+        dt.rand(8, 4, device_mesh=mesh, placements=[dt.Replicate()]).to_local().cpu()
+    except Exception as e:  # noqa: BLE001  (what the test wants to see)
+        raise RuntimeError(f"the collective failed after {time.monotonic() - start:.1f} s: {e}") from e
+    return {"no error": True, "ones": ones.to_local().sum().item()}
+
+
+@scenario
 def one_rank_raises_before_a_compiled_step(rank: int, world: int) -> dict[str, Any]:
     """Rank 1 raises before the second call of a compiled step that holds a collective
     (inside its program): the others, launching their part, raise too, in time."""

@@ -158,6 +158,20 @@ def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
     assert "[rank0]: [rank1]" not in proc.stderr and "[rank1]: [rank0]" not in proc.stderr, proc.stderr[-3000:]
 
 
+def test_a_rank_that_raises_holding_a_device_mesh_fails_the_others_at_once(tmp_path: Path) -> None:
+    # (the failed rank's frames kept its mesh and DTensors, hence its process group, alive:
+    # the others waited out the group's timeout in their next collective)
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="4", DIST_TEST_TIMEOUT=GROUP_TIMEOUT_S)
+    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises_holding_a_mesh", "4",
+                           str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
+    assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
+    for rank in (0, 2, 3):
+        assert f"rank {rank} raised" in proc.stderr, proc.stderr[-3000:]
+    assert _failed_within(proc.stderr, "the collective failed after", 10), proc.stderr[-3000:]
+
+
 def test_a_rank_that_raises_before_a_compiled_step_fails_the_others_at_once(tmp_path: Path) -> None:
     # The compiled function's cache keeps rank 1's process group object alive after it is
     # destroyed: leaving the group must not wait for that object to go.
