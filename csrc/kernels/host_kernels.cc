@@ -58,12 +58,12 @@ ffi::Error paged_attention(ffi::ThreadPool pool, ffi::AnyBuffer query, ffi::AnyB
     std::mutex mu;
     std::condition_variable all_done;
   };
-  static const AttendTile attend = attend_for_this_cpu();
+  const AttendTile attend = attend_for_this_cpu();  // chosen once (chosen_variant)
   auto shared = std::make_shared<Shared>();
   shared->work = w;
   shared->tiles = tiles;
   shared->items = tiles * kv_heads;
-  auto drain = [shared, attend = attend] {
+  auto drain = [shared, attend] {
     Shared& st = *shared;
     for (int64_t item; (item = st.next.fetch_add(1)) < st.items;) {
       attend(st.work, item % st.tiles, item / st.tiles);
