@@ -145,45 +145,41 @@ def _failed_within(output: str, what: str, seconds: float) -> bool:
     return found is not None and float(found.group(1)) < seconds
 
 
-def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
-    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", DIST_TEST_TIMEOUT=GROUP_TIMEOUT_S)
-    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises", "2",
+def _rank_1_raises(scenario: str, world: int, tmp_path: Path, **env: str) -> str:
+    """Runs a scenario in which rank 1 raises "rank 1 gives up" over `world` rank threads; returns
+    its stderr, after checking that the run failed, with rank 1's error and every other rank's."""
+    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES=str(world), DIST_TEST_TIMEOUT=GROUP_TIMEOUT_S, **env)
+    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), scenario, str(world),
                            str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
     assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
-    assert "rank 0 raised" in proc.stderr, proc.stderr[-3000:]
-    assert _failed_within(proc.stderr, "the collective failed after", 10), proc.stderr[-3000:]  # not the group's timeout
+    for rank in set(range(world)) - {1}:
+        assert f"rank {rank} raised" in proc.stderr, proc.stderr[-3000:]
+    return proc.stderr
+
+
+def test_a_rank_that_raises_fails_the_others_at_once(tmp_path: Path) -> None:
+    stderr = _rank_1_raises("one_rank_raises", 2, tmp_path)
+    assert _failed_within(stderr, "the collective failed after", 10), stderr[-3000:]  # not the group's timeout
     # the ranks' exception hooks (each init_process_group adds one) do not stack on the report
-    assert "[rank0]: [rank1]" not in proc.stderr and "[rank1]: [rank0]" not in proc.stderr, proc.stderr[-3000:]
+    assert "[rank0]: [rank1]" not in stderr and "[rank1]: [rank0]" not in stderr, stderr[-3000:]
 
 
 def test_a_rank_that_raises_holding_a_device_mesh_fails_the_others_at_once(tmp_path: Path) -> None:
-    # (the failed rank's frames kept its mesh and DTensors, hence its process group, alive:
-    # the others waited out the group's timeout in their next collective)
-    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="4", DIST_TEST_TIMEOUT=GROUP_TIMEOUT_S)
-    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises_holding_a_mesh", "4",
-                           str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
-    assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
-    for rank in (0, 2, 3):
-        assert f"rank {rank} raised" in proc.stderr, proc.stderr[-3000:]
-    assert _failed_within(proc.stderr, "the collective failed after", 10), proc.stderr[-3000:]
+    # (the failed rank's mesh and DTensors kept its process group object alive: the others
+    # waited out the group's timeout in their next collective until destroying the group
+    # closed its connections)
+    stderr = _rank_1_raises("one_rank_raises_holding_a_mesh", 4, tmp_path)
+    assert _failed_within(stderr, "the collective failed after", 10), stderr[-3000:]
 
 
 def test_a_rank_that_raises_before_a_compiled_step_fails_the_others_at_once(tmp_path: Path) -> None:
     # The compiled function's cache keeps rank 1's process group object alive after it is
     # destroyed: leaving the group must not wait for that object to go.
-    env = dict(os.environ, TORCH_PJRT_CPU_DEVICES="2", DIST_TEST_TIMEOUT=GROUP_TIMEOUT_S, TORCH_PJRT_DIST_IN_PROGRAMS="1")
-    proc = subprocess.run([sys.executable, str(HERE / "thread_ranks.py"), "one_rank_raises_before_a_compiled_step",
-                           "2", str(tmp_path / "out.json")], cwd=HERE, env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 1 and not (tmp_path / "out.json").exists()
-    assert "rank 1 raised" in proc.stderr and "rank 1 gives up" in proc.stderr, proc.stderr[-3000:]
-    assert "rank 0 raised" in proc.stderr, proc.stderr[-3000:]
-    assert _failed_within(proc.stderr, "the compiled step failed after", 10), proc.stderr[-3000:]
-    assert "whose process group is gone" in proc.stderr, proc.stderr[-3000:]
+    stderr = _rank_1_raises("one_rank_raises_before_a_compiled_step", 2, tmp_path, TORCH_PJRT_DIST_IN_PROGRAMS="1")
+    assert _failed_within(stderr, "the compiled step failed after", 10), stderr[-3000:]
+    assert "whose process group is gone" in stderr, stderr[-3000:]
 
 
 def test_the_launcher_runs_a_torchrun_script_once_per_rank_thread(tmp_path: Path) -> None:
