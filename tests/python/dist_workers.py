@@ -817,6 +817,34 @@ def simple_fsdp_compiled(rank: int, world: int) -> dict[str, Any]:
 
 
 @scenario
+def dtensor_manual_seed(rank: int, world: int) -> dict[str, Any]:
+    """DTensor's manual_seed (over rank threads each rank makes its own random-op tracker and
+    seeds its own device): every rank draws the same replicated tensor, the same again after
+    seeding again, another after another seed, and shards of a sharded one that differ."""
+    import torch.distributed.tensor as dt
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor._random import manual_seed
+    dist.init_process_group("pjrt", timeout=timeout())
+    mesh = init_device_mesh(dev().type, (world,))
+
+    def replicated(seed: int) -> torch.Tensor:
+        manual_seed(seed, mesh)
+        return dt.rand(8, 4, device_mesh=mesh, placements=[dt.Replicate()]).to_local()
+
+    first, again, other = replicated(7), replicated(7), replicated(8)
+    exact(again, first.cpu(), "a replicated draw after the same seed")
+    assert not torch.equal(other.cpu(), first.cpu()), "another seed drew the same values"
+    everyone = [torch.empty_like(first) for _ in range(world)]
+    dist.all_gather(everyone, first)
+    for r, theirs in enumerate(everyone):
+        exact(theirs, first.cpu(), f"rank {r}'s replicated draw")
+    manual_seed(7, mesh)
+    shards = dt.rand(4 * world, 4, device_mesh=mesh, placements=[dt.Shard(0)]).full_tensor().cpu().split(4)
+    assert len({tuple(s.flatten().tolist()) for s in shards}) == world, "shards drew the same values"
+    return {"tracker_device": str(dt._random._rng_tracker._device)}
+
+
+@scenario
 def rank_seeds(rank: int, world: int) -> dict[str, Any]:
     """torch.manual_seed(100 + rank) in each rank thread seeds that rank's device only (under
     torchrun each rank's process has its own): after every rank seeded, each draws what a

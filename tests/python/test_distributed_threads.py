@@ -115,6 +115,11 @@ def test_each_rank_thread_seeds_its_own_device_and_hears_the_cpu_generator_is_sh
     assert "seed torch differently" in reports[0]["warning"], reports[0]
 
 
+def test_dtensor_manual_seed_draws_the_same_on_every_rank_thread(tmp_path: Path) -> None:
+    reports = _threads("dtensor_manual_seed", 4, tmp_path)["reports"]
+    assert [r["tracker_device"] for r in reports] == [f"pjrt:{rank}" for rank in range(4)], reports
+
+
 def test_a_2d_mesh_splits_into_xla_subgroups(tmp_path: Path) -> None:
     reports = _threads("split_mesh", 4, tmp_path)["reports"]
     assert reports[1]["groups"] == [[1, 3], [0, 1]], reports[1]
