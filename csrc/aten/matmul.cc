@@ -26,13 +26,25 @@ void check_matmul_dtypes(const char* name, const at::Tensor& a, const at::Tensor
               a.scalar_type(), " != ", b.scalar_type());
 }
 
+// a @ b for 2-D operands. A few rows (a decode step's tokens) times a large float32 weight go to
+// the host kernel, which reads the weight once where it lies: a transposed view (a linear
+// layer's weight.t()) as the [N, K] matrix it views, not a transposed copy.
+Value product_2d(OpBuilder& op, const at::Tensor& a, const at::Tensor& b, ir::DType dt) {
+  if (L::few_row_product_fits(to_ir(a.scalar_type()), to_ir(b.scalar_type()), dt, a.size(0), a.size(1), b.size(1)) &&
+      rt().host_kernels()) {
+    if (b.is_contiguous()) return L::few_row_product(op.b(), op.input(a), op.input(b), false);
+    if (b.t().is_contiguous()) return L::few_row_product(op.b(), op.input(a), op.input(b.t()), true);
+  }
+  return L::matmul_2d(op.b(), op.input(a), op.input(b), dt);
+}
+
 at::Tensor mm_impl(const at::Tensor& a, const at::Tensor& b, const at::Tensor* into) {
   TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expected 2-D tensors, got ", a.dim(), "-D and ", b.dim(), "-D");
   TORCH_CHECK(a.size(1) == b.size(0), "mat1 and mat2 shapes cannot be multiplied (", a.size(0), "x", a.size(1),
               " and ", b.size(0), "x", b.size(1), ")");
   check_matmul_dtypes("mm", a, b);
   OpBuilder op("aten::mm");
-  Value r = L::matmul_2d(op.b(), op.input(a), op.input(b), to_ir(a.scalar_type()));
+  Value r = product_2d(op, a, b, to_ir(a.scalar_type()));
   return finish(op, r, a.scalar_type(), into);
 }
 at::Tensor mm_fn(const at::Tensor& a, const at::Tensor& b) { return mm_impl(a, b, nullptr); }
@@ -75,7 +87,7 @@ at::Tensor addmm_impl(const char* name, const at::Tensor& self, const at::Tensor
   OpBuilder op(std::string("aten::") + name);
   auto& bd = op.b();
   auto dt = to_ir(a.scalar_type());
-  Value prod = batched ? L::bmm(bd, op.input(a), op.input(b), dt) : L::matmul_2d(bd, op.input(a), op.input(b), dt);
+  Value prod = batched ? L::bmm(bd, op.input(a), op.input(b), dt) : product_2d(op, a, b, dt);
   auto shape = bd.dims(prod);
   Value r = bd.binary("multiply", prod, bd.broadcast_to(op.scalar(alpha, a.scalar_type()), shape));
   if (!is_zero(beta)) {

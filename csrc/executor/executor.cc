@@ -389,8 +389,11 @@ Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::Clie
   const char* host_kernels = std::getenv("TORCH_PJRT_HOST_KERNELS");
   if ((host_kernels == nullptr || std::string(host_kernels) != "0") && client_->platform_name() == "cpu") {
     try {
-      host_kernels_registered_ = api->register_ffi_handler(kernels::kHostPagedAttention, "Host",
-                                                           kernels::host_paged_attention_handler());
+      const std::vector<kernels::HostKernel> handlers = kernels::host_kernel_handlers();
+      host_kernels_registered_ = !handlers.empty();
+      for (const kernels::HostKernel& k : handlers) {
+        host_kernels_registered_ = api->register_ffi_handler(k.target, "Host", k.handler) && host_kernels_registered_;
+      }
     } catch (const std::exception&) {
       host_kernels_registered_ = false;
     }

@@ -5,6 +5,7 @@
 // Torch-free.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,23 @@ namespace torch_pjrt::kernels {
 // (bump it with any change to the operands, attributes or their meaning).
 inline constexpr const char* kHostPagedAttention = "torch_pjrt_paged_attention_v1";
 
-// The handlers (XLA_FFI_Handler*), or nullptr where this build has no XLA FFI headers.
-void* host_paged_attention_handler();
+// y = x w for float32 matrices x [M, K] of at most kFewRowProductMaxRows rows (a decode step's
+// tokens) and w [K, N], or w [N, K] where the attribute weight_transposed (i64) is 1 (a linear
+// layer's weight as it lies); result [M, N] f32. The weights are read once, by the plugin's
+// threads in panels of columns; XLA's own dot is faster from a few dozen rows on.
+inline constexpr const char* kHostFewRowProduct = "torch_pjrt_few_row_product_v1";
+inline constexpr int64_t kFewRowProductMaxRows = 16;
+// Smaller weights stay in XLA's dot, fused with their neighbours: fanning a product out to the
+// threads costs a few microseconds.
+inline constexpr int64_t kFewRowProductMinWeights = int64_t{1} << 18;
+
+// A handler (XLA_FFI_Handler*) and its custom-call target.
+struct HostKernel {
+  const char* target;
+  void* handler;
+};
+// Every host kernel's handler; none where this build has no XLA FFI headers.
+std::vector<HostKernel> host_kernel_handlers();
 
 // The instruction-set variant of the kernels' loops that runs ("x86-64-v4", "x86-64-v3",
 // "baseline"; "" without host kernels): the best this CPU has, or the one

@@ -8,6 +8,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "kernels/host_kernels.h"
+
 namespace torch_pjrt::lowering {
 
 namespace {
@@ -310,6 +312,17 @@ Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log,
 Value matmul_2d(Builder& b, Value x, Value y, DType out) {
   Value r = b.dot_general(b.convert(x, out), b.convert(y, out), {}, {}, {1}, {0}, out);
   return r;
+}
+
+bool few_row_product_fits(DType x, DType w, DType out, int64_t rows, int64_t depth, int64_t columns) {
+  return x == DType::F32 && w == DType::F32 && out == DType::F32 && rows >= 1 &&
+         rows <= kernels::kFewRowProductMaxRows && depth * columns >= kernels::kFewRowProductMinWeights;
+}
+
+Value few_row_product(Builder& b, Value x, Value w, bool weight_transposed) {
+  const int64_t columns = b.dims(w)[weight_transposed ? 0 : 1];
+  return b.ffi_call(kernels::kHostFewRowProduct, {x, w}, {ir::Type{DType::F32, {b.dims(x)[0], columns}}},
+                    std::string("weight_transposed = ") + (weight_transposed ? "1" : "0") + " : i64")[0];
 }
 
 Value bmm(Builder& b, Value x, Value y, DType out) {

@@ -175,7 +175,7 @@ PYBIND11_MODULE(_C, mod) {
           py::arg("like"));
   mod.def("_compile_options", [] { return py::bytes(device::rt().client().compile_options()); });
   // Whether this build has host kernels (csrc/kernels), and whether programs call them here.
-  mod.def("_host_kernels_built", [] { return kernels::host_paged_attention_handler() != nullptr; });
+  mod.def("_host_kernels_built", [] { return !kernels::host_kernel_handlers().empty(); });
   mod.def("_host_kernel_isa", &kernels::host_kernel_isa);
   mod.def("_host_kernel_isas", &kernels::host_kernel_isas);
   mod.def("_host_kernels", [] { return device::rt().host_kernels(); });

@@ -1,4 +1,4 @@
-// The paged-attention host kernel's tile loops (csrc/kernels/attention_tile.inc), each
+// The host kernels' loops (csrc/kernels/attention_tile.inc, few_row_product.inc), each
 // instruction-set variant this CPU runs, against a double-precision reference.
 #include <gtest/gtest.h>
 
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/attention_tile.h"
+#include "kernels/few_row_product.h"
 #include "kernels/host_kernels.h"
 
 namespace torch_pjrt::kernels {
@@ -93,7 +94,7 @@ std::vector<std::pair<std::string, AttendTile>> variants() {
 }
 
 TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
-  if (host_paged_attention_handler() == nullptr) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
+  if (host_kernel_handlers().empty()) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
   ASSERT_FALSE(variants().empty());
   // Decode (one row, lane by lane), a prefill tile of 17 rows (lanes in vectors, a second vector
   // mostly padding), grouped heads, head sizes that are not a whole number of vectors; lane by
@@ -114,6 +115,59 @@ TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
       for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(got[i] - expected[i]));
       // Float32 over contexts of up to a few hundred positions: a few hundred roundings at most.
       EXPECT_LE(worst, 256 * 1.2e-7 * scale_of_values) << name << " rows=" << c.rows << " head_size=" << c.head_size;
+    }
+  }
+}
+
+std::vector<std::pair<std::string, MultiplyPanels>> product_variants() {
+  std::vector<std::pair<std::string, MultiplyPanels>> found;
+  for (const std::string& name : host_kernel_isas()) {
+#if defined(__x86_64__)
+    if (name == "x86-64-v4") found.emplace_back(name, x86_64_v4::multiply_panels);
+    if (name == "x86-64-v3") found.emplace_back(name, x86_64_v3::multiply_panels);
+#endif
+    if (name == "baseline") found.emplace_back(name, baseline::multiply_panels);
+  }
+  return found;
+}
+
+TEST(FewRowProduct, EveryVariantMatchesDoubleInBothWeightLayouts) {
+  if (host_kernel_handlers().empty()) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
+  ASSERT_FALSE(product_variants().empty());
+  // Rows: one, a partial and a whole register group, the most the kernel takes; depths and
+  // columns that are and are not whole vectors, blocks and panels (the last panel narrower,
+  // columns past the last whole vector).
+  struct Case { int64_t rows, depth, columns; };
+  std::mt19937 gen(11);
+  std::normal_distribution<float> normal;
+  for (const Case& c : {Case{1, 512, 192}, Case{3, 67, 65}, Case{6, 130, 200}, Case{7, 64, 64}, Case{16, 200, 131},
+                        Case{5, 1, 17}, Case{16, 5, 3}}) {
+    std::vector<float> x(c.rows * c.depth), w(c.depth * c.columns), wt(w.size());
+    for (float& v : x) v = normal(gen);
+    for (float& v : w) v = normal(gen);
+    for (int64_t k = 0; k < c.depth; ++k)
+      for (int64_t n = 0; n < c.columns; ++n) wt[n * c.depth + k] = w[k * c.columns + n];
+    std::vector<double> exact(c.rows * c.columns), magnitude(exact.size());
+    for (int64_t r = 0; r < c.rows; ++r)
+      for (int64_t n = 0; n < c.columns; ++n)
+        for (int64_t k = 0; k < c.depth; ++k) {
+          const double term = double(x[r * c.depth + k]) * w[k * c.columns + n];
+          exact[r * c.columns + n] += term;
+          magnitude[r * c.columns + n] += std::abs(term);
+        }
+    const int64_t panels = (c.columns + kProductPanelColumns - 1) / kProductPanelColumns;
+    for (const auto& [name, multiply] : product_variants()) {
+      for (bool transposed : {false, true}) {
+        std::vector<float> y(exact.size(), std::nanf(""));
+        const ProductWork work{x.data(), transposed ? wt.data() : w.data(), y.data(), c.rows, c.depth, c.columns, transposed};
+        for (int64_t p = 0; p < panels; ++p) multiply(work, p, p + 1);
+        for (size_t i = 0; i < y.size(); ++i) {
+          // A float32 sum of `depth` products: at most depth roundings of the magnitudes' sum.
+          ASSERT_LE(std::abs(y[i] - exact[i]), (c.depth + 1) * 6e-8 * magnitude[i] + 1e-30)
+              << name << (transposed ? " [N,K]" : " [K,N]") << " rows=" << c.rows << " depth=" << c.depth
+              << " columns=" << c.columns << " element " << i;
+        }
+      }
     }
   }
 }

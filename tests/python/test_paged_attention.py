@@ -16,6 +16,7 @@ import pytest
 import torch
 
 import torch_pjrt
+from host_kernel_support import host_kernel_expected
 
 EPS32 = torch.finfo(torch.float32).eps
 paged_attention = torch.ops.torch_pjrt.paged_attention
@@ -174,20 +175,9 @@ def test_inputs_on_two_devices_are_refused(dev: torch.device) -> None:
         paged_attention(q.to(dev), kv_cache.to(dev), block_rows, positions.to(dev), 0.5)
 
 
-def _host_kernel_expected() -> bool:
-    """The host kernel (csrc/kernels) serves float32 paged attention where the build has it
-    (setup builds with jaxlib's XLA FFI headers), on the default CPU plugin (whose FFI extension
-    registers handlers; xla-cpu-pjrt takes the registration but compiles without it), unless
-    TORCH_PJRT_HOST_KERNELS=0."""
-    from torch_pjrt._plugins import DEFAULT_CPU_PLUGIN, choose_plugin
-    name = choose_plugin().name
-    return (os.environ.get("TORCH_PJRT_HOST_KERNELS") != "0" and name in ("cpu", DEFAULT_CPU_PLUGIN)
-            and importlib.util.find_spec("jax") is not None)
-
-
 def test_the_host_kernel_serves_float32_where_the_plugin_takes_it(dev: torch.device) -> None:
     assert torch_pjrt._C._host_kernels_built() == (importlib.util.find_spec("jax") is not None)
-    assert torch_pjrt._C._host_kernels() == _host_kernel_expected()
+    assert torch_pjrt._C._host_kernels() == host_kernel_expected()
 
 
 def test_the_host_kernel_runs_the_instruction_set_asked_for() -> None:
@@ -210,7 +200,7 @@ def test_an_instruction_set_the_cpu_lacks_is_refused_at_import() -> None:
 
 
 def _other_isas() -> list[str]:
-    return torch_pjrt._C._host_kernel_isas()[1:] if _host_kernel_expected() else []
+    return torch_pjrt._C._host_kernel_isas()[1:] if host_kernel_expected() else []
 
 
 @pytest.mark.parametrize("isa", _other_isas())
