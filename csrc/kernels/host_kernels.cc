@@ -51,7 +51,10 @@ void run_items(ffi::ThreadPool& pool, int64_t items, Work work) {
       }
     }
   };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), items - 1);
+  // This thread works too: helpers up to the pool's size minus one (the pool has a thread per
+  // core). One thread more than the cores made a decode step 8% slower: a preempted thread
+  // holds its item while the others wait at the end.
+  const int64_t helpers = std::min<int64_t>(pool.num_threads() - 1, items - 1);
   for (int64_t t = 0; t < helpers; ++t) pool.Schedule([drain] { drain(); });
   drain();
   std::unique_lock<std::mutex> lock(shared->mu);
