@@ -30,10 +30,12 @@ void check_matmul_dtypes(const char* name, const at::Tensor& a, const at::Tensor
 // the host kernel, which reads the weight once where it lies: a transposed view (a linear
 // layer's weight.t()) as the [N, K] matrix it views, not a transposed copy.
 Value product_2d(OpBuilder& op, const at::Tensor& a, const at::Tensor& b, ir::DType dt) {
-  if (L::few_row_product_fits(to_ir(a.scalar_type()), to_ir(b.scalar_type()), dt, a.size(0), a.size(1), b.size(1)) &&
+  const bool as_is = b.is_contiguous(), transposed = !as_is && b.t().is_contiguous();
+  if ((as_is || transposed) &&
+      L::few_row_product_fits(to_ir(a.scalar_type()), to_ir(b.scalar_type()), dt, a.size(0), a.size(1), b.size(1),
+                              transposed) &&
       rt().host_kernels()) {
-    if (b.is_contiguous()) return L::few_row_product(op.b(), op.input(a), op.input(b), false);
-    if (b.t().is_contiguous()) return L::few_row_product(op.b(), op.input(a), op.input(b.t()), true);
+    return L::few_row_product(op.b(), op.input(a), op.input(transposed ? b.t() : b), transposed);
   }
   return L::matmul_2d(op.b(), op.input(a), op.input(b), dt);
 }

@@ -47,7 +47,8 @@ Value softmax_backward(Builder& b, Value grad, Value out, int64_t dim, bool log,
 Value matmul_2d(Builder& b, Value x, Value y, DType out);  // [n,k]x[k,m]
 // Whether the host kernel kernels::kHostFewRowProduct serves a float32 product of these sizes
 // better than XLA's dot: few rows, weights large enough that reading them is the work.
-bool few_row_product_fits(DType x, DType w, DType out, int64_t rows, int64_t depth, int64_t columns);
+bool few_row_product_fits(DType x, DType w, DType out, int64_t rows, int64_t depth, int64_t columns,
+                          bool weight_transposed);
 // x [M,K] times w [K,N], or times the transpose of w [N,K] (weight_transposed: w as a linear
 // layer keeps it), by that host kernel (Runtime::host_kernels() must hold).
 Value few_row_product(Builder& b, Value x, Value w, bool weight_transposed);

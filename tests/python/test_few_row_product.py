@@ -95,6 +95,10 @@ def test_which_products_call_the_host_kernel(dev: torch.device, tmp_path, monkey
     many = torch.randn(17, 512, generator=g).to(dev)
     expected = 1 if host_kernel_expected() else 0
     assert calls(lambda: torch.nn.functional.linear(few, weight)) == expected
+    assert calls(lambda: few @ weight[:512].contiguous()) == expected  # a weight stored [K, N]
+    assert calls(lambda: torch.nn.functional.linear(few[:1], weight)) == expected
+    # One row times a [K, N] weight: XLA's dot streams the weight's rows whole (faster there).
+    assert calls(lambda: few[:1] @ weight[:512].contiguous()) == 0
     # More rows than the kernel takes, weights too small to be worth the threads, a weight that
     # is a strided slice (read in place by neither layout), float64: XLA's dot.
     assert calls(lambda: torch.nn.functional.linear(many, weight)) == 0
