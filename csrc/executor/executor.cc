@@ -389,6 +389,7 @@ Runtime::Runtime(const std::string& plugin_path, const std::vector<runtime::Clie
   const char* host_kernels = std::getenv("TORCH_PJRT_HOST_KERNELS");
   if ((host_kernels == nullptr || std::string(host_kernels) != "0") && client_->platform_name() == "cpu") {
     try {
+      // All or none: a program's lowering assumes every host kernel once Runtime::host_kernels() holds.
       const std::vector<kernels::HostKernel> handlers = kernels::host_kernel_handlers();
       host_kernels_registered_ = !handlers.empty();
       for (const kernels::HostKernel& k : handlers) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "kernels/few_row_product.h"
 #include "kernels/host_kernels.h"
 
 namespace torch_pjrt::lowering {
@@ -318,8 +319,10 @@ bool few_row_product_fits(DType x, DType w, DType out, int64_t rows, int64_t dep
                           bool weight_transposed) {
   // One row times a [K, N] weight: XLA's dot streams the weight's rows whole, faster than the
   // kernel's panels (1x2048x8192: 3.6 against 4.9 ms).
+  // Fewer than two panels of columns would leave a thread idle.
   return x == DType::F32 && w == DType::F32 && out == DType::F32 && rows >= (weight_transposed ? 1 : 2) &&
-         rows <= kernels::kFewRowProductMaxRows && depth * columns >= kernels::kFewRowProductMinWeights;
+         rows <= kernels::kFewRowProductMaxRows && depth * columns >= kernels::kFewRowProductMinWeights &&
+         columns >= 2 * kernels::kProductPanelColumns;
 }
 
 Value few_row_product(Builder& b, Value x, Value w, bool weight_transposed) {

@@ -54,7 +54,7 @@ def test_linear_mm_and_addmm_match_float64(dev: torch.device, rows: int, depth: 
     _assert_close(torch.addmm(bias.to(dev), x.to(dev), w_kn.to(dev)), x, w_kn, bias)
 
 
-def test_a_decode_layer_compiled_and_its_gradients_match_float64(dev: torch.device) -> None:
+def test_a_decode_layer_compiled_and_its_gradients_match_float64(dev: torch.device, tmp_path, monkeypatch) -> None:
     torch.manual_seed(0)
     layer = torch.nn.Sequential(torch.nn.Linear(512, 1536), torch.nn.SiLU(), torch.nn.Linear(1536, 512))
     x = torch.randn(4, 512)
@@ -70,8 +70,11 @@ def test_a_decode_layer_compiled_and_its_gradients_match_float64(dev: torch.devi
     cpu_out, cpu_grads = forward_backward(copy.deepcopy(layer), x)
 
     on_dev = copy.deepcopy(layer).to(dev)
+    monkeypatch.setenv("TORCH_PJRT_DUMP_DIR", str(tmp_path))
     with torch.no_grad():
         got = torch.compile(on_dev, backend="pjrt")(x.to(dev)).cpu()
+    # Both layers' products (4 rows, linear weights read as they lie) in the compiled program.
+    assert _programs_calling_the_kernel(str(tmp_path)) == (1 if host_kernel_expected() else 0)
     tol = 4 * (cpu_out.double() - ref_out).abs().max().item() + 1e-6
     assert (got.double() - ref_out).abs().max().item() <= tol
 
@@ -87,9 +90,12 @@ def test_which_products_call_the_host_kernel(dev: torch.device, tmp_path, monkey
     weight = torch.randn(1024, 512, generator=g).to(dev)
 
     def calls(fn) -> int:
-        before = _programs_calling_the_kernel(str(tmp_path))
+        """Programs calling the kernel among those fn compiled (each call must compile anew:
+        a program reused from the memory cache is not dumped, and would count as none)."""
+        before = (len(glob.glob(os.path.join(tmp_path, "*.mlir"))), _programs_calling_the_kernel(str(tmp_path)))
         fn().cpu()
-        return _programs_calling_the_kernel(str(tmp_path)) - before
+        assert len(glob.glob(os.path.join(tmp_path, "*.mlir"))) > before[0], "no program was compiled"
+        return _programs_calling_the_kernel(str(tmp_path)) - before[1]
 
     few = torch.randn(16, 512, generator=g).to(dev)
     many = torch.randn(17, 512, generator=g).to(dev)
@@ -99,10 +105,13 @@ def test_which_products_call_the_host_kernel(dev: torch.device, tmp_path, monkey
     assert calls(lambda: torch.nn.functional.linear(few[:1], weight)) == expected
     # One row times a [K, N] weight: XLA's dot streams the weight's rows whole (faster there).
     assert calls(lambda: few[:1] @ weight[:512].contiguous()) == 0
-    # More rows than the kernel takes, weights too small to be worth the threads, a weight that
-    # is a strided slice (read in place by neither layout), float64: XLA's dot.
+    # More rows than the kernel takes, a weight too small to be worth the threads (2^16
+    # elements), one too narrow to give each thread a panel (64 columns), a weight that is a
+    # strided slice (read in place by neither layout), float64: XLA's dot.
     assert calls(lambda: torch.nn.functional.linear(many, weight)) == 0
-    assert calls(lambda: few[:, :64] @ weight[:128, :64].t()) == 0
+    assert calls(lambda: few[:, :256] @ weight[:256, :256].contiguous()) == 0
+    narrow = torch.randn(4096, 64, generator=g).to(dev)  # 2^18 elements
+    assert calls(lambda: torch.randn(16, 4096, generator=g).to(dev) @ narrow) == 0
     assert calls(lambda: few @ weight[::2].t()) == 0
     assert calls(lambda: few.double() @ weight.double().t()) == 0
 
