@@ -30,12 +30,12 @@ void check_matmul_dtypes(const char* name, const at::Tensor& a, const at::Tensor
 // the host kernel, which reads the weight once where it lies: a transposed view (a linear
 // layer's weight.t()) as the [N, K] matrix it views, not a transposed copy.
 Value product_2d(OpBuilder& op, const at::Tensor& a, const at::Tensor& b, ir::DType dt) {
-  const bool as_is = b.is_contiguous(), transposed = !as_is && b.t().is_contiguous();
-  if ((as_is || transposed) &&
-      L::few_row_product_fits(to_ir(a.scalar_type()), to_ir(b.scalar_type()), dt, a.size(0), a.size(1), b.size(1),
-                              transposed) &&
+  const bool as_is = b.is_contiguous();  // else a transposed view, if any layout the kernel reads
+  if (L::few_row_product_fits(to_ir(a.scalar_type()), to_ir(b.scalar_type()), dt, a.size(0), a.size(1), b.size(1),
+                              !as_is) &&
       rt().host_kernels()) {
-    return L::few_row_product(op.b(), op.input(a), op.input(transposed ? b.t() : b), transposed);
+    if (as_is) return L::few_row_product(op.b(), op.input(a), op.input(b), false);
+    if (b.t().is_contiguous()) return L::few_row_product(op.b(), op.input(a), op.input(b.t()), true);
   }
   return L::matmul_2d(op.b(), op.input(a), op.input(b), dt);
 }

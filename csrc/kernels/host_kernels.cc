@@ -145,17 +145,8 @@ std::vector<HostKernel> host_kernel_handlers() {
           {kHostFewRowProduct, reinterpret_cast<void*>(kFewRowProductHandler)}};
 }
 
-namespace {
-
-struct Variant {
-  const char* name;
-  AttendTile attend;
-  MultiplyPanels multiply;
-};
-
-// The variants this CPU runs, best first.
-std::vector<Variant> variants_for_this_cpu() {
-  std::vector<Variant> found;
+std::vector<HostKernelVariant> host_kernel_variants() {
+  std::vector<HostKernelVariant> found;
 #if defined(__x86_64__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw") &&
@@ -167,12 +158,14 @@ std::vector<Variant> variants_for_this_cpu() {
   return found;
 }
 
+namespace {
+
 // The best variant, or the one TORCH_PJRT_HOST_KERNEL_ISA names where this CPU runs it.
-const Variant& chosen_variant() {
-  static const Variant chosen = [] {
-    const std::vector<Variant> found = variants_for_this_cpu();
+const HostKernelVariant& chosen_variant() {
+  static const HostKernelVariant chosen = [] {
+    const std::vector<HostKernelVariant> found = host_kernel_variants();
     const char* asked = std::getenv("TORCH_PJRT_HOST_KERNEL_ISA");
-    for (const Variant& v : found) {
+    for (const HostKernelVariant& v : found) {
       if (asked != nullptr && std::strcmp(asked, v.name) == 0) return v;
     }
     return found.front();
@@ -190,7 +183,7 @@ std::string host_kernel_isa() { return chosen_variant().name; }
 
 std::vector<std::string> host_kernel_isas() {
   std::vector<std::string> names;
-  for (const Variant& v : variants_for_this_cpu()) names.emplace_back(v.name);
+  for (const HostKernelVariant& v : host_kernel_variants()) names.emplace_back(v.name);
   return names;
 }
 
@@ -200,6 +193,7 @@ std::vector<std::string> host_kernel_isas() {
 
 namespace torch_pjrt::kernels {
 std::vector<HostKernel> host_kernel_handlers() { return {}; }
+std::vector<HostKernelVariant> host_kernel_variants() { return {}; }
 std::string host_kernel_isa() { return ""; }
 std::vector<std::string> host_kernel_isas() { return {}; }
 }  // namespace torch_pjrt::kernels

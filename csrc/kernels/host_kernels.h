@@ -9,6 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/attention_tile.h"
+#include "kernels/few_row_product.h"
+
 namespace torch_pjrt::kernels {
 
 // torch_pjrt::paged_attention over the context each query row actually sees: operands
@@ -37,6 +40,15 @@ struct HostKernel {
 };
 // Every host kernel's handler; none where this build has no XLA FFI headers.
 std::vector<HostKernel> host_kernel_handlers();
+
+// The kernels' loops compiled for one instruction set.
+struct HostKernelVariant {
+  const char* name;  // "x86-64-v4", "x86-64-v3", "baseline"
+  AttendTile attend;
+  MultiplyPanels multiply;
+};
+// The variants this CPU runs, best first; none without host kernels.
+std::vector<HostKernelVariant> host_kernel_variants();
 
 // The instruction-set variant of the kernels' loops that runs ("x86-64-v4", "x86-64-v3",
 // "baseline"; "" without host kernels): the best this CPU has, or the one

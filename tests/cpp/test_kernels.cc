@@ -81,21 +81,9 @@ void run(AttendTile attend, const Batch& b, float scale, std::vector<float>& out
     for (int64_t k = 0; k < b.kv_heads; ++k) attend(w, s, k);
 }
 
-std::vector<std::pair<std::string, AttendTile>> variants() {
-  std::vector<std::pair<std::string, AttendTile>> found;
-  for (const std::string& name : host_kernel_isas()) {
-#if defined(__x86_64__)
-    if (name == "x86-64-v4") found.emplace_back(name, x86_64_v4::attend);
-    if (name == "x86-64-v3") found.emplace_back(name, x86_64_v3::attend);
-#endif
-    if (name == "baseline") found.emplace_back(name, baseline::attend);
-  }
-  return found;
-}
-
 TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
   if (host_kernel_handlers().empty()) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
-  ASSERT_FALSE(variants().empty());
+  ASSERT_FALSE(host_kernel_variants().empty());
   // Decode (one row, lane by lane), a prefill tile of 17 rows (lanes in vectors, a second vector
   // mostly padding), grouped heads, head sizes that are not a whole number of vectors; lane by
   // lane with rows of different context lengths (3 rows of 2 heads) and with 7 heads to a
@@ -108,7 +96,7 @@ TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
     const std::vector<double> expected = reference(b, scale);
     double scale_of_values = 0;
     for (double x : expected) scale_of_values = std::max(scale_of_values, std::abs(x));
-    for (const auto& [name, attend] : variants()) {
+    for (const auto& [name, attend, multiply] : host_kernel_variants()) {
       std::vector<float> got;
       run(attend, b, scale, got);
       double worst = 0;
@@ -119,21 +107,9 @@ TEST(AttentionTile, EveryVariantMatchesDoubleOnDecodeAndPrefillTiles) {
   }
 }
 
-std::vector<std::pair<std::string, MultiplyPanels>> product_variants() {
-  std::vector<std::pair<std::string, MultiplyPanels>> found;
-  for (const std::string& name : host_kernel_isas()) {
-#if defined(__x86_64__)
-    if (name == "x86-64-v4") found.emplace_back(name, x86_64_v4::multiply_panels);
-    if (name == "x86-64-v3") found.emplace_back(name, x86_64_v3::multiply_panels);
-#endif
-    if (name == "baseline") found.emplace_back(name, baseline::multiply_panels);
-  }
-  return found;
-}
-
 TEST(FewRowProduct, EveryVariantMatchesDoubleInBothWeightLayouts) {
   if (host_kernel_handlers().empty()) GTEST_SKIP() << "built without XLA's FFI headers: no host kernels";
-  ASSERT_FALSE(product_variants().empty());
+  ASSERT_FALSE(host_kernel_variants().empty());
   // Rows: one, a partial and a whole register group, the most the kernel takes; depths and
   // columns that are and are not whole vectors, blocks and panels (the last panel narrower,
   // columns past the last whole vector).
@@ -156,7 +132,7 @@ TEST(FewRowProduct, EveryVariantMatchesDoubleInBothWeightLayouts) {
           magnitude[r * c.columns + n] += std::abs(term);
         }
     const int64_t panels = (c.columns + kProductPanelColumns - 1) / kProductPanelColumns;
-    for (const auto& [name, multiply] : product_variants()) {
+    for (const auto& [name, attend, multiply] : host_kernel_variants()) {
       for (bool transposed : {false, true}) {
         std::vector<float> y(exact.size(), std::nanf(""));
         const ProductWork work{x.data(), transposed ? wt.data() : w.data(), y.data(), c.rows, c.depth, c.columns, transposed};
