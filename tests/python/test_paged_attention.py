@@ -74,6 +74,10 @@ def _bound(expected: torch.Tensor, cpu: torch.Tensor) -> float:
 
 CASES = {
     "decode": dict(tiles=12, rows=1, heads=4, kv_heads=4, head_size=16, block_size=4, table=8, longest=32),
+    # Decode lanes as vLLM's have them (grouped heads, one row per request) over several 64-position
+    # chunks; a head of 72 is whole vectors and a tail (the scores' tree of sums and their tail).
+    "decode-grouped-long-head": dict(tiles=6, rows=1, heads=8, kv_heads=4, head_size=72, block_size=16, table=12,
+                                     longest=180),
     "prefill-tiles": dict(tiles=6, rows=8, heads=4, kv_heads=2, head_size=8, block_size=4, table=8, longest=32),
     "grouped-kv": dict(tiles=10, rows=3, heads=8, kv_heads=2, head_size=8, block_size=4, table=6, longest=24),
     "long-context": dict(tiles=4, rows=4, heads=2, kv_heads=1, head_size=32, block_size=16, table=20, longest=320),
