@@ -3,7 +3,8 @@
 For each backend, in its own process (vLLM holds process-wide state):
 - start-up: seconds to build ``LLM(...)`` (loading, KV cache, and for pjrt the
   compilation of every bucket; for vLLM CPU its torch.compile): cold (pjrt: empty
-  program cache) and warm (pjrt: the disk cache filled by the cold start);
+  program cache, a process of its own) and warm (pjrt: the disk cache filled by the
+  cold start);
 - steady state: a workload's requests arriving together (random prompt lengths in
   its range, its output tokens each, greedy, EOS ignored) through continuous
   batching, after one warm-up pass, each pass with new prompts (vLLM's prefix cache
@@ -11,7 +12,10 @@ For each backend, in its own process (vLLM holds process-wide state):
   would time decoding alone); output tokens per second over the whole pass,
   and the median and 90th-percentile time to first token as vLLM measures it per
   request. Median over the workload's passes. A pass ends when every request has
-  finished: the tokens reached the host.
+  finished: the tokens reached the host. The two backends' processes live side by
+  side and take turns, pass by pass (CPU, pjrt, pjrt, CPU, ...), the idle one
+  waiting: this machine's speed drifts by tens of percent over minutes, and
+  backends timed one after the other gave ratios from 0.70 to 0.92 on one day.
 
 Workloads: the tiny models (llama, gpt2: 2 layers, hidden 128) with 32 requests of
 8..128 prompt tokens and 64 output tokens, max_model_len 256; llama-large (8 layers,
@@ -43,7 +47,7 @@ TINY = {"requests": 32, "prompts": (8, 128), "max_tokens": 64, "repeats": 11,
 WORKLOADS = {
     "llama": TINY,
     "gpt2": TINY,
-    "llama-large": {"requests": 16, "prompts": (256, 1500), "max_tokens": 32, "repeats": 3,
+    "llama-large": {"requests": 16, "prompts": (256, 1500), "max_tokens": 32, "repeats": 5,
                     "engine": {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
                                "max_num_batched_tokens": 512, "seed": 0}},
 }
@@ -69,7 +73,9 @@ def requests(llm: Any, workload: dict) -> tuple[Callable[[], list], Any]:
 
 
 def worker(model_dir: str, workload: dict) -> None:
-    """Runs in a child process: prints one JSON line of figures."""
+    """Runs in a child process: builds the engine, runs the warm-up pass, prints one JSON line
+    (start-up), then for each line "pass" on stdin one timed pass (a JSON line of its figures),
+    and on "done" a last JSON line (pjrt: compiles and CPU fallbacks while serving)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
 
@@ -80,36 +86,71 @@ def worker(model_dir: str, workload: dict) -> None:
     fresh_prompts, params = requests(llm, workload)
     llm.generate(fresh_prompts(), params, use_tqdm=False)  # warm-up pass
 
-    compiles = None
-    if os.environ.get("VLLM_TARGET_DEVICE") == "pjrt":
+    on_pjrt = os.environ.get("VLLM_TARGET_DEVICE") == "pjrt"
+    if on_pjrt:
         import torch_pjrt
         compiles = torch_pjrt.metrics()["compiles"]
-    rates, ttft_median, ttft_p90 = [], [], []
-    for _ in range(workload["repeats"]):
+    print(json.dumps({"start_up_s": start_up}), flush=True)
+    for command in sys.stdin:
+        if command.strip() != "pass":
+            break
         prompts = fresh_prompts()
         outs, elapsed = time_call(lambda: llm.generate(prompts, params, use_tqdm=False), None)
-        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / elapsed)
         firsts = sorted(o.metrics.first_token_latency for o in outs if o.metrics is not None)
-        if firsts:
-            ttft_median.append(statistics.median(firsts))
-            ttft_p90.append(firsts[int(0.9 * (len(firsts) - 1))])
-    result = {"start_up_s": start_up, "output_tokens_per_s": statistics.median(rates),
-              "ttft_median_s": statistics.median(ttft_median) if ttft_median else None,
-              "ttft_p90_s": statistics.median(ttft_p90) if ttft_p90 else None}
-    if compiles is not None:
-        import torch_pjrt
-        result["compiles_while_serving"] = torch_pjrt.metrics()["compiles"] - compiles
-        result["cpu_fallbacks"] = sum(torch_pjrt.metrics()["fallbacks"].values())
-    print(json.dumps(result))
+        print(json.dumps({"output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
+                          "ttft_median_s": statistics.median(firsts) if firsts else None,
+                          "ttft_p90_s": firsts[int(0.9 * (len(firsts) - 1))] if firsts else None}), flush=True)
+    last = {}
+    if on_pjrt:
+        last = {"compiles_while_serving": torch_pjrt.metrics()["compiles"] - compiles,
+                "cpu_fallbacks": sum(torch_pjrt.metrics()["fallbacks"].values())}
+    print(json.dumps(last), flush=True)
 
 
-def run(model_dir: str, kind: str, target: str, cache_dir: str) -> dict:
-    env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache_dir, HF_HUB_OFFLINE="1")
-    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--model", kind, "--worker", model_dir], env=env,
-                          capture_output=True, text=True, timeout=3600)
-    if proc.returncode != 0:
-        raise RuntimeError(f"vLLM on {target} failed:\n{proc.stderr[-4000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+class Backend:
+    """One backend's worker process, alive for the whole run (vLLM holds process-wide state)."""
+
+    def __init__(self, model_dir: str, kind: str, target: str, cache_dir: str) -> None:
+        env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache_dir, HF_HUB_OFFLINE="1")
+        self.target = target
+        # vLLM's log to a file: a pipe nobody reads while the passes run could fill and stall it.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--model", kind, "--worker",
+                                      model_dir], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, text=True)
+        self.figures: dict[str, Any] = self._answer()
+        self.passes: list[dict] = []
+
+    def _answer(self) -> dict:
+        """The worker's next JSON line (lines that are not JSON are vLLM's own output)."""
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        self.proc.wait(timeout=60)
+        self.log.seek(0)
+        raise RuntimeError(f"vLLM on {self.target} failed:\n{self.log.read()[-4000:]}")
+
+    def run_pass(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("pass\n")
+        self.proc.stdin.flush()
+        self.passes.append(self._answer())
+
+    def finish(self) -> dict:
+        """Ends the worker; its figures: start-up, the median of its passes, what it said last."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("done\n")
+        self.proc.stdin.flush()
+        self.figures.update(self._answer())
+        self.proc.communicate(timeout=120)
+        self.log.close()
+        for key in ("output_tokens_per_s", "ttft_median_s", "ttft_p90_s"):
+            values = [p[key] for p in self.passes if p[key] is not None]
+            if values:
+                self.figures[key] = statistics.median(values)
+        self.figures["passes"] = self.passes
+        return self.figures
 
 
 def main() -> None:
@@ -127,9 +168,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = serving_models.make_model(args.model, os.path.join(tmp, args.model))
         cache = os.path.join(tmp, "cache")
-        figures = {"vllm_cpu": run(model_dir, args.model, "cpu", cache),
-                   "pjrt_cold": run(model_dir, args.model, "pjrt", cache),
-                   "pjrt_warm": run(model_dir, args.model, "pjrt", cache)}
+        # Start-up cold (an empty program cache), then the backends side by side: the vLLM CPU
+        # worker and a pjrt worker started warm take turns, pass by pass (in the order ABBA, so
+        # that the machine's drift over the run weighs on both alike).
+        figures = {"pjrt_cold": Backend(model_dir, args.model, "pjrt", cache).finish()}
+        cpu_backend = Backend(model_dir, args.model, "cpu", cache)
+        warm_backend = Backend(model_dir, args.model, "pjrt", cache)
+        for i in range(workload["repeats"]):
+            pair = (cpu_backend, warm_backend) if i % 2 == 0 else (warm_backend, cpu_backend)
+            for backend in pair:
+                backend.run_pass()
+        figures["vllm_cpu"], figures["pjrt_warm"] = cpu_backend.finish(), warm_backend.finish()
     cpu, cold, warm = figures["vllm_cpu"], figures["pjrt_cold"], figures["pjrt_warm"]
     engine = workload["engine"]
     print(f"vLLM {args.model} (serving_models.py), {workload['requests']} requests x {workload['max_tokens']} output "
@@ -142,6 +191,8 @@ def main() -> None:
     for label, key, fmt in rows:
         a, b = cpu[key], warm[key]
         print(f"{label:28s}{fmt.format(a):>12s}{fmt.format(b):>12s}{b / a:>10.2f}")
+    pairs = [w["output_tokens_per_s"] / c["output_tokens_per_s"] for c, w in zip(cpu["passes"], warm["passes"])]
+    print(f"{'pjrt/CPU, pass by pass':28s}{' '.join(f'{r:.2f}' for r in pairs)}")
     print(f"{'start-up, cold':28s}{cpu['start_up_s']:>10.1f} s{cold['start_up_s']:>10.1f} s")
     print(f"{'start-up, warm program cache':28s}{'':>12s}{warm['start_up_s']:>10.1f} s")
     print(f"pjrt while serving: {warm['compiles_while_serving']} compiles, {warm['cpu_fallbacks']} CPU fallbacks")
