@@ -15,7 +15,10 @@ For each backend, in its own process (vLLM holds process-wide state):
   finished: the tokens reached the host. The two backends' processes live side by
   side and take turns, pass by pass (CPU, pjrt, pjrt, CPU, ...), the idle one
   waiting: this machine's speed drifts by tens of percent over minutes, and
-  backends timed one after the other gave ratios from 0.70 to 0.92 on one day.
+  backends timed one after the other gave ratios from 0.70 to 0.92 on one day. Both
+  get the same KV cache (the workload's ``kv_cache_memory_bytes``): left to itself
+  vLLM CPU takes 92% of the host's memory for it, which beside a second process
+  starves the machine.
 
 Workloads: the tiny models (llama, gpt2: 2 layers, hidden 128) with 32 requests of
 8..128 prompt tokens and 64 output tokens, max_model_len 256; llama-large (8 layers,
@@ -30,26 +33,30 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import queue
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ANSWER = "bench_serving: "  # the prefix of a worker's answers on its stdout (JSON follows)
+ANSWER_DEADLINE_S = 1800  # a worker's start-up or pass that takes longer has hung
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "python"))
 
 # A tiny-model pass takes a third of a second: the median of many damps this machine's drift.
 TINY = {"requests": 32, "prompts": (8, 128), "max_tokens": 64, "repeats": 11,
         "engine": {"dtype": "float32", "max_model_len": 256, "max_num_seqs": 16, "max_num_batched_tokens": 128,
-                   "seed": 0}}
+                   "seed": 0, "kv_cache_memory_bytes": 256 << 20}}
 WORKLOADS = {
     "llama": TINY,
     "gpt2": TINY,
     "llama-large": {"requests": 16, "prompts": (256, 1500), "max_tokens": 32, "repeats": 5,
                     "engine": {"dtype": "float32", "max_model_len": 2048, "max_num_seqs": 16,
-                               "max_num_batched_tokens": 512, "seed": 0}},
+                               "max_num_batched_tokens": 512, "seed": 0, "kv_cache_memory_bytes": 1 << 30}},
 }
 
 
@@ -90,67 +97,89 @@ def worker(model_dir: str, workload: dict) -> None:
     if on_pjrt:
         import torch_pjrt
         compiles = torch_pjrt.metrics()["compiles"]
-    print(json.dumps({"start_up_s": start_up}), flush=True)
+    print(ANSWER + json.dumps({"start_up_s": start_up}), flush=True)
     for command in sys.stdin:
         if command.strip() != "pass":
             break
         prompts = fresh_prompts()
         outs, elapsed = time_call(lambda: llm.generate(prompts, params, use_tqdm=False), None)
         firsts = sorted(o.metrics.first_token_latency for o in outs if o.metrics is not None)
-        print(json.dumps({"output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
+        print(ANSWER + json.dumps({"output_tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
                           "ttft_median_s": statistics.median(firsts) if firsts else None,
                           "ttft_p90_s": firsts[int(0.9 * (len(firsts) - 1))] if firsts else None}), flush=True)
     last = {}
     if on_pjrt:
         last = {"compiles_while_serving": torch_pjrt.metrics()["compiles"] - compiles,
                 "cpu_fallbacks": sum(torch_pjrt.metrics()["fallbacks"].values())}
-    print(json.dumps(last), flush=True)
+    print(ANSWER + json.dumps(last), flush=True)
 
 
 class Backend:
-    """One backend's worker process, alive for the whole run (vLLM holds process-wide state)."""
+    """One backend's worker process, alive for the whole run (vLLM holds process-wide state).
+    Its stdout is read by a thread into a queue, so that each answer has a deadline."""
 
     def __init__(self, model_dir: str, kind: str, target: str, cache_dir: str) -> None:
-        env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache_dir, HF_HUB_OFFLINE="1")
+        # vLLM's log to stderr, and stderr to a file: stdout carries the answers alone, and no
+        # pipe that nobody reads while the passes run can fill and stall the worker.
+        env = dict(os.environ, VLLM_TARGET_DEVICE=target, TORCH_PJRT_CACHE_DIR=cache_dir, HF_HUB_OFFLINE="1",
+                   VLLM_LOGGING_STREAM="ext://sys.stderr")
         self.target = target
-        # vLLM's log to a file: a pipe nobody reads while the passes run could fill and stall it.
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--model", kind, "--worker",
                                       model_dir], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.log, text=True)
-        self.figures: dict[str, Any] = self._answer()
+        self.answers: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
         self.passes: list[dict] = []
+        self.figures: dict[str, Any] = self._answer()
 
-    def _answer(self) -> dict:
-        """The worker's next JSON line (lines that are not JSON are vLLM's own output)."""
+    def _read(self) -> None:
         assert self.proc.stdout is not None
         for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        self.proc.wait(timeout=60)
-        self.log.seek(0)
-        raise RuntimeError(f"vLLM on {self.target} failed:\n{self.log.read()[-4000:]}")
+            if line.startswith(ANSWER):
+                self.answers.put(line[len(ANSWER):])
+        self.answers.put(None)  # the worker's output ended
+
+    def _answer(self) -> dict:
+        try:
+            line = self.answers.get(timeout=ANSWER_DEADLINE_S)
+        except queue.Empty:
+            line = None
+        if line is None:
+            self.kill()
+            self.log.seek(0)
+            raise RuntimeError(f"vLLM on {self.target}: no answer (exit status {self.proc.returncode}):\n"
+                               f"{self.log.read()[-4000:]}")
+        return json.loads(line)
+
+    def _send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
 
     def run_pass(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("pass\n")
-        self.proc.stdin.flush()
+        self._send("pass")
         self.passes.append(self._answer())
 
     def finish(self) -> dict:
         """Ends the worker; its figures: start-up, the median of its passes, what it said last."""
-        assert self.proc.stdin is not None
-        self.proc.stdin.write("done\n")
-        self.proc.stdin.flush()
+        self._send("done")
         self.figures.update(self._answer())
-        self.proc.communicate(timeout=120)
-        self.log.close()
+        self.kill()
         for key in ("output_tokens_per_s", "ttft_median_s", "ttft_p90_s"):
             values = [p[key] for p in self.passes if p[key] is not None]
             if values:
                 self.figures[key] = statistics.median(values)
         self.figures["passes"] = self.passes
         return self.figures
+
+    def kill(self) -> None:
+        """Waits a little for the worker to end (it has answered "done", or it failed), then ends it."""
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
 
 def main() -> None:
@@ -172,13 +201,19 @@ def main() -> None:
         # worker and a pjrt worker started warm take turns, pass by pass (in the order ABBA, so
         # that the machine's drift over the run weighs on both alike).
         figures = {"pjrt_cold": Backend(model_dir, args.model, "pjrt", cache).finish()}
-        cpu_backend = Backend(model_dir, args.model, "cpu", cache)
-        warm_backend = Backend(model_dir, args.model, "pjrt", cache)
-        for i in range(workload["repeats"]):
-            pair = (cpu_backend, warm_backend) if i % 2 == 0 else (warm_backend, cpu_backend)
-            for backend in pair:
-                backend.run_pass()
-        figures["vllm_cpu"], figures["pjrt_warm"] = cpu_backend.finish(), warm_backend.finish()
+        backends: list[Backend] = []
+        try:
+            backends.append(Backend(model_dir, args.model, "cpu", cache))
+            backends.append(Backend(model_dir, args.model, "pjrt", cache))
+            cpu_backend, warm_backend = backends
+            for i in range(workload["repeats"]):
+                for backend in (cpu_backend, warm_backend) if i % 2 == 0 else (warm_backend, cpu_backend):
+                    backend.run_pass()
+            figures["vllm_cpu"], figures["pjrt_warm"] = cpu_backend.finish(), warm_backend.finish()
+        finally:
+            for backend in backends:
+                if backend.proc.poll() is None:
+                    backend.proc.kill()
     cpu, cold, warm = figures["vllm_cpu"], figures["pjrt_cold"], figures["pjrt_warm"]
     engine = workload["engine"]
     print(f"vLLM {args.model} (serving_models.py), {workload['requests']} requests x {workload['max_tokens']} output "

@@ -75,8 +75,8 @@ def _bound(expected: torch.Tensor, cpu: torch.Tensor) -> float:
 CASES = {
     "decode": dict(tiles=12, rows=1, heads=4, kv_heads=4, head_size=16, block_size=4, table=8, longest=32),
     # Decode lanes as vLLM's have them (grouped heads, one row per request) over several 64-position
-    # chunks; a head of 72 is whole vectors and a tail (the scores' tree of sums and their tail).
-    "decode-grouped-long-head": dict(tiles=6, rows=1, heads=8, kv_heads=4, head_size=72, block_size=16, table=12,
+    # chunks; a head of 74 is whole vectors and a tail for every vector width (16, 8, 4 floats).
+    "decode-grouped-long-head": dict(tiles=6, rows=1, heads=8, kv_heads=4, head_size=74, block_size=16, table=12,
                                      longest=180),
     "prefill-tiles": dict(tiles=6, rows=8, heads=4, kv_heads=2, head_size=8, block_size=4, table=8, longest=32),
     "grouped-kv": dict(tiles=10, rows=3, heads=8, kv_heads=2, head_size=8, block_size=4, table=6, longest=24),
@@ -106,6 +106,18 @@ def test_matches_float64_token_by_token(dev: torch.device, case: str, options: s
         assert got.device == dev and got.dtype == torch.float32
         err = (got.cpu().double() - expected).abs().max().item()
         assert err <= bound, f"chunk_blocks={chunk_blocks}: {err} > {bound}"
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("case", ["decode", "decode-grouped-long-head", "prefill-tiles"])
+def test_zero_and_negative_scales(dev: torch.device, case: str, scale: float) -> None:
+    # Scale 0 weighs every seen position alike; a negative one reverses the scores. Positions a lane
+    # does not see must still weigh nothing (masked after the scale, not before it).
+    inputs = _batch(5, **CASES[case])
+    expected = _reference(*inputs, scale)
+    bound = _bound(expected, paged_attention(*inputs, scale))
+    got = paged_attention(*(t.to(dev) for t in inputs), scale)
+    assert (got.cpu().double() - expected).abs().max().item() <= bound
 
 
 def test_low_precision_caches_and_query(dev: torch.device) -> None:
@@ -213,7 +225,7 @@ def test_each_instruction_set_variant_of_the_host_kernel_matches(isa: str) -> No
     # or without AVX2, runs) in processes that ask for them.
     env = dict(os.environ, TORCH_PJRT_HOST_KERNEL_ISA=isa)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k",
-                           "matches_float64 or instruction_set_asked_for"],
+                           "matches_float64 or zero_and_negative or instruction_set_asked_for"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert " passed" in proc.stdout and "failed" not in proc.stdout, proc.stdout[-1000:]
