@@ -119,8 +119,10 @@ def test_buckets_cover_the_scheduler_limits() -> None:
     from torch_pjrt.integrations.vllm_plugin.buckets import Buckets
 
     b = Buckets.for_limits(max_num_batched_tokens=100, max_num_seqs=12)
-    assert b.tokens == (16, 32, 64, 100) and b.requests == (8, 12)
-    assert [b.tokens_for(n) for n in (1, 16, 17, 100)] == [16, 16, 32, 100]
+    assert b.tokens == (4, 8, 16, 32, 64, 100) and b.requests == (8, 12)
+    assert [b.tokens_for(n) for n in (1, 4, 5, 16, 17, 100)] == [4, 4, 8, 16, 32, 100]
+    # A step of fewer tokens than the smallest request bucket pads its requests to that bucket.
+    assert (4, 8) in b.forward_shapes() and (4, 12) not in b.forward_shapes()
     with pytest.raises(ValueError, match="101 tokens exceed the largest compiled bucket 100"):
         b.tokens_for(101)
 

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 
-SMALLEST_TOKENS = 16
+# A decode step of a few requests multiplies few rows by every weight: padded to 16 rows, a
+# step of 1 to 3 requests took 3 to 4 ms more on llama-large (8 layers, hidden 512).
+SMALLEST_TOKENS = 4
 SMALLEST_REQUESTS = 8
 # Attention reads a request's context once per tile of up to this many of its query tokens.
 LARGEST_TILE = 32
