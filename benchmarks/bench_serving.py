@@ -146,7 +146,7 @@ class Backend:
         except queue.Empty:
             line = None
         if line is None:
-            self.kill()
+            self.end()
             self.log.seek(0)
             raise RuntimeError(f"vLLM on {self.target}: no answer (exit status {self.proc.returncode}):\n"
                                f"{self.log.read()[-4000:]}")
@@ -165,7 +165,7 @@ class Backend:
         """Ends the worker; its figures: start-up, the median of its passes, what it said last."""
         self._send("done")
         self.figures.update(self._answer())
-        self.kill()
+        self.end()
         for key in ("output_tokens_per_s", "ttft_median_s", "ttft_p90_s"):
             values = [p[key] for p in self.passes if p[key] is not None]
             if values:
@@ -173,7 +173,7 @@ class Backend:
         self.figures["passes"] = self.passes
         return self.figures
 
-    def kill(self) -> None:
+    def end(self) -> None:
         """Waits a little for the worker to end (it has answered "done", or it failed), then ends it."""
         try:
             self.proc.wait(timeout=120)

@@ -1,10 +1,14 @@
 """Where a vLLM engine step goes, per backend: the runner's and scheduler's main functions
 wrapped with timers over bench_serving.py's timed passes (after its warm-up pass), in
-milliseconds per engine step. Nested functions are counted in their callers too.
+milliseconds per engine step. Nested functions are counted in their callers too. Then the
+runner's execute_model by kind of step: decode-only steps by their request count, and
+steps with prompt tokens, each with its count and median time.
 
     .venv/bin/python benchmarks/serving_step_breakdown.py [--model llama|gpt2|llama-large]
 
-Each backend runs in its own process (vLLM holds process-wide state), vLLM CPU first.
+Each backend runs in its own process (vLLM holds process-wide state), vLLM CPU first: this
+machine's speed drifts over minutes, so compare ratios from bench_serving.py, whose
+backends take turns pass by pass, and read these as where each backend's step goes.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import argparse
 import collections
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,6 +44,20 @@ def _timed(totals: dict[str, float], calls: collections.Counter, owner: type, na
     setattr(owner, name, wrapper)
 
 
+def _by_step_kind(steps: dict[str, list[float]], owner: type) -> None:
+    """owner.execute_model's times grouped by kind of step."""
+    inner: Callable[..., Any] = owner.execute_model
+
+    def wrapper(self: Any, scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+        out, seconds = time_call(lambda: inner(self, scheduler_output, *args, **kwargs), None)
+        counts = list(scheduler_output.num_scheduled_tokens.values())
+        kind = f"decode, {len(counts):2d} requests" if counts and all(n == 1 for n in counts) else "with prompt tokens"
+        steps[kind].append(seconds)
+        return out
+
+    owner.execute_model = wrapper
+
+
 def worker(model_dir: str, kind: str) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from vllm import LLM
@@ -55,6 +74,8 @@ def worker(model_dir: str, kind: str) -> None:
     for name in ("schedule", "update_from_output"):
         _timed(totals, calls, Scheduler, name)
     _timed(totals, calls, EngineCore, "step")
+    steps_by_kind: dict[str, list[float]] = collections.defaultdict(list)
+    _by_step_kind(steps_by_kind, GPUModelRunner)
     target = os.environ["VLLM_TARGET_DEVICE"]
     if target == "pjrt":
         from torch_pjrt.integrations.vllm_plugin import attention, worker as pjrt_worker
@@ -67,6 +88,7 @@ def worker(model_dir: str, kind: str) -> None:
     llm.generate(prompts(), params, use_tqdm=False)  # warm-up pass
     totals.clear()
     calls.clear()
+    steps_by_kind.clear()
     _, elapsed = time_call(lambda: [llm.generate(prompts(), params, use_tqdm=False)
                                     for _ in range(workload["repeats"])], None)
     steps = calls["EngineCore.step"]
@@ -74,6 +96,9 @@ def worker(model_dir: str, kind: str) -> None:
           f"{elapsed / steps * 1e3:.2f} ms a step")
     for name, seconds in sorted(totals.items(), key=lambda kv: -kv[1]):
         print(f"  {name:45s} {seconds / steps * 1e3:7.3f} ms a step")
+    for kind, times in sorted(steps_by_kind.items()):
+        print(f"  execute_model, {kind:30s} {len(times) / workload['repeats']:6.1f} a pass, "
+              f"median {statistics.median(times) * 1e3:7.2f} ms")
 
 
 def main() -> None:
