@@ -7,15 +7,17 @@ ahead of the slots). Each step the new tokens' keys and values are written at vL
 positions up to its own (causal; a sliding window when the model has one) of its
 request's blocks: ``torch_pjrt::paged_attention`` takes the tokens in tiles of up
 to Q tokens of one request (Q from the bucket: 1 when decodes dominate, up to 32
-for prefill), reads each tile's context once, in chunks of whole blocks with a
-running softmax, for as many chunks as the step's longest context needs (a loop
-inside the program). Prefill, chunked prefill and decode are
+for prefill) and reads each tile's context once with a running softmax: on a CPU
+plugin with float32, a host kernel walks each tile's own context, as far as its rows
+see; elsewhere a loop inside the program reads chunks of whole blocks, as many as the
+step's longest context needs. Prefill, chunked prefill and decode are
 the same computation, and the shapes depend only on the padded token count: one
 program per bucket. Padding tokens sit at position 0 and write into block 0, vLLM's
 null block, which no request owns.
 
-Cost: every tile reads as many chunks as the step's longest context, so work grows
-with tiles x that context (rounded up to a chunk), not with ``max_model_len``.
+Cost: the host kernel's work grows with each tile's own context; the program's loop
+reads as many chunks per tile as the step's longest context (rounded up to a chunk).
+Neither grows with ``max_model_len``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from vllm.v1.kv_cache_interface import AttentionSpec
 from .buckets import Buckets
 
 
-# Context positions each token reads per iteration of the attention's loop: larger chunks mean
+# Context positions each token reads per iteration of the program's attention loop (not the
+# CPU plugin's host kernel, which walks 64 at a time): larger chunks mean
 # fewer iterations, smaller ones less reading past the longest context.
 CHUNK_SLOTS = 128
 
